@@ -1,0 +1,29 @@
+#pragma once
+
+#include "engine_layout.h"
+
+namespace torch_ctxext {
+
+// The error texts of torch 2.15, verbatim.
+inline constexpr const char* kOutsideBackward =
+    "input_grad_buffers can only be accessed while autograd is executing "
+    "backward()";
+inline constexpr const char* kNotTheExecutingNode =
+    "input_grad_buffers can only be accessed from the currently executing "
+    "autograd.Function backward()";
+inline constexpr const char* kCreateGraph =
+    "input_grad_buffers does not support create_graph=True";
+inline constexpr const char* kAnomaly =
+    "input_grad_buffers does not support anomaly detection";
+inline constexpr const char* kPostHooks =
+    "input_grad_buffers does not support post-hooks on the producing autograd "
+    "node because directly accumulated gradients are returned as None and "
+    "cannot be observed or replaced by those hooks";
+
+// A new tuple with one entry per argument passed to Function.apply: the
+// engine's InputBuffer slot for that argument when it may be updated in
+// place, else None. Throws std::runtime_error with torch 2.15's texts when
+// the property is not available.
+PyObject* input_grad_buffers(PyObject* ctx);
+
+}  // namespace torch_ctxext

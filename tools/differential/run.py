@@ -1,0 +1,95 @@
+"""Run the differential scenarios or compare two result files.
+
+    python run.py --out FILE.json [-k SUBSTRING]
+    python run.py --compare A.json B.json
+
+With TORCH_CTXEXT_IMPORT=1 in the environment, ``import torch_ctxext`` is done
+before the scenarios run (to exercise the backport on older torch).
+"""
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+
+def _jsonable(obj):
+    """Make sure the observations are JSON-serialisable (fallback: repr)."""
+    return json.loads(json.dumps(obj, default=repr, sort_keys=True))
+
+
+def run(out, k=None):
+    if os.environ.get("TORCH_CTXEXT_IMPORT") == "1":
+        import torch_ctxext  # noqa: F401
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch
+
+    import scenarios
+
+    results = {}
+    for name, fn in scenarios.SCENARIOS:
+        if k and k not in name:
+            continue
+        try:
+            obs = fn()
+        except Exception as e:  # noqa: BLE001
+            obs = {
+                "__scenario_error__": {"exc_type": type(e).__name__, "msg": str(e)},
+                "__traceback_tail__": traceback.format_exc().splitlines()[-3:],
+            }
+        finally:
+            torch.autograd.set_detect_anomaly(False)
+            torch.set_grad_enabled(True)
+        try:
+            results[name] = _jsonable(obs)
+        except Exception as e:  # noqa: BLE001
+            results[name] = {"__unserialisable__": repr(e)}
+    meta = {"torch": torch.__version__, "ctxext": os.environ.get("TORCH_CTXEXT_IMPORT") == "1"}
+    with open(out, "w") as f:
+        json.dump({"__meta__": meta, **results}, f, indent=1, sort_keys=True)
+    errs = [n for n, v in results.items() if isinstance(v, dict) and "__scenario_error__" in v]
+    print(f"{len(results)} scenarios -> {out} (torch {torch.__version__});"
+          f" {len(errs)} raised outside their own handling: {errs}")
+    return 0
+
+
+def compare(a_path, b_path):
+    with open(a_path) as f:
+        a = json.load(f)
+    with open(b_path) as f:
+        b = json.load(f)
+    a.pop("__meta__", None)
+    b.pop("__meta__", None)
+    diff = []
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            diff.append(name)
+            where = a_path if name not in a else b_path
+            print(f"--- {name}: missing in {where}")
+            continue
+        if a[name] != b[name]:
+            diff.append(name)
+            print(f"--- {name}")
+            print(f"  A: {json.dumps(a[name], sort_keys=True)}")
+            print(f"  B: {json.dumps(b[name], sort_keys=True)}")
+    print(f"{len(diff)} differing scenario(s) of {len(set(a) | set(b))}")
+    return 1 if diff else 0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("-k", default=None)
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"))
+    args = p.parse_args()
+    if args.compare:
+        return compare(*args.compare)
+    if not args.out:
+        p.error("--out or --compare is required")
+    return run(args.out, args.k)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Which member of the ctx contract the running torch provides, and how."""
+import torch
+from torch.autograd.function import BackwardCFunction, FunctionCtx
+
+# The members of the documented ctx contract, and where each lives.
+MEMBERS = (
+    "apply",
+    "apply_boxed",
+    "apply_jvp",
+    "input_grad_buffers",
+    "mark_dirty",
+    "mark_non_differentiable",
+    "save_for_backward",
+    "save_for_forward",
+    "set_materialize_grads",
+    "set_output_grad_dtype",
+)
+SUPPORTED_RANGE = ((2, 13), (2, 15))
+
+def torch_release(version=None):
+    """(major, minor) of a torch version string such as '2.13.0+cpu'."""
+    parts = (version or torch.__version__).split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def check_supported_torch():
+    low, high = SUPPORTED_RANGE
+    if not low <= torch_release() <= high:
+        raise ImportError(
+            f"torch_ctxext supports torch {low[0]}.{low[1]} to {high[0]}.{high[1]}, "
+            f"but torch {torch.__version__} is installed. Install a supported "
+            f"torch (for example `pip install 'torch>={low[0]}.{low[1]},"
+            f"<{high[0]}.{high[1] + 1}'`)."
+        )
+
+
+_NATIVE = {}
+
+
+def record_native():
+    """Remember what torch itself provides, before torch_ctxext patches it."""
+    if _NATIVE:
+        return
+    for name in MEMBERS:
+        owner = BackwardCFunction if name.startswith("apply") else FunctionCtx
+        _NATIVE[name] = hasattr(owner, name)
+
+
+def features():
+    """Say, for each member of the ctx contract, who provides it.
+
+    Returns a dict ``{member: status}`` where status is ``"native"`` (the
+    running torch implements it), ``"torch_ctxext"`` (this package does) or
+    ``"unavailable: <why>"``.
+
+    >>> import torch_ctxext
+    >>> torch_ctxext.features()["save_for_backward"]
+    'native'
+    """
+    result = {}
+    for name in MEMBERS:
+        owner = BackwardCFunction if name.startswith("apply") else FunctionCtx
+        if _NATIVE.get(name):
+            result[name] = "native"
+        elif hasattr(owner, name):
+            result[name] = "torch_ctxext"
+        else:
+            result[name] = (
+                f"unavailable: torch {torch.__version__} lacks it and torch_ctxext "
+                "does not provide it on this release"
+            )
+    return result

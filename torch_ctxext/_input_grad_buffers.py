@@ -1,0 +1,162 @@
+"""``FunctionCtx.input_grad_buffers`` for torch releases that lack it (< 2.15).
+
+The property reads the autograd engine's InputBuffer slots through the C++
+extension; this module adds it to ``FunctionCtx`` and guards ``backward`` /
+``grad`` against being called reentrantly once a buffer was handed out (the
+engine could otherwise accumulate into a buffer the user is still writing).
+"""
+import torch
+import torch.autograd
+import torch.autograd.graph
+from torch.autograd.function import FunctionCtx
+
+REENTRANT_ERROR = (
+    "Calling backward or grad reentrantly after accessing a non-None "
+    "ctx.input_grad_buffers entry is not supported"
+)
+OUTSIDE_BACKWARD_ERROR = (
+    "input_grad_buffers can only be accessed while autograd is executing backward()"
+)
+
+# The attribute a ctx carries once it handed out a buffer: the id of the graph
+# task that was running, so that the mark only ever applies to that execution
+# of this node and dies with the ctx (no thread-local state to clean up).
+EXPOSED_IN_TASK = "_ctxext_exposed_in_task"
+
+
+def _input_grad_buffers(self):
+    r"""Return existing buffers for accumulating gradients of this Function's inputs.
+
+    Each entry corresponds to an argument passed to
+    :meth:`~Function.forward`, in the same order.
+    Each entry is ``None`` or the autograd engine's current ``InputBuffer`` for
+    that input. A non-``None`` buffer contains gradient contributions already
+    produced during the current backward. A custom backward may accumulate its
+    contribution directly into the buffer and return ``None`` for that input,
+    fusing gradient computation with accumulation and avoiding a separate
+    gradient tensor.
+
+    Availability follows backward execution order and is independent for each
+    input. An entry is ``None`` when no earlier producer has contributed to
+    that input, or when the existing buffer is aliased or cannot safely be
+    updated in place.
+
+    For example, ``x`` has another forward use while ``weight`` does not. The
+    custom backward conditionally fuses accumulation only for ``grad_x``::
+
+        >>> import torch
+        >>> class Matmul(torch.autograd.Function):
+        ...     @staticmethod
+        ...     def forward(ctx, x, weight):
+        ...         ctx.save_for_backward(x, weight)
+        ...         return x @ weight
+        ...
+        ...     @staticmethod
+        ...     def backward(ctx, grad_output):
+        ...         x, weight = ctx.saved_tensors
+        ...         x_buffer, _ = ctx.input_grad_buffers
+        ...         if x_buffer is not None:
+        ...             # Computes grad_x and adds it to the existing buffer.
+        ...             x_buffer.addmm_(grad_output, weight.t())
+        ...             grad_x = None
+        ...         else:
+        ...             grad_x = grad_output @ weight.t()
+        ...         grad_weight = x.t() @ grad_output
+        ...         return grad_x, grad_weight
+        >>> x = torch.randn(4, 3, requires_grad=True)
+        >>> weight = torch.randn(3, 2, requires_grad=True)
+        >>> other_op = torch.sin
+        >>> loss = Matmul.apply(x, weight).sum() + other_op(x).sum()
+        >>> loss.backward()
+        >>> expected = torch.ones(4, 2) @ weight.detach().t() + x.detach().cos()
+        >>> torch.allclose(x.grad, expected)
+        True
+
+    If ``other_op`` produces its contribution first, ``x_buffer`` can expose
+    that partial sum. If ``Matmul`` runs first, ``x_buffer`` is ``None`` and it
+    returns a separate tensor instead. The fallback lets the function work
+    under either ordering.
+
+    .. warning::
+        A returned buffer is valid only while the current custom ``backward``
+        invocation is running. Mutate it synchronously and do not retain it.
+        A later producer may replace the engine's buffer, making a retained
+        tensor stale.
+
+        After receiving a non-``None`` buffer, calling ``backward`` or
+        ``grad`` before the custom backward returns raises an error.
+
+        All engine-scheduled producers that use or subsequently update an
+        exposed buffer must execute on the same device, autograd engine thread,
+        and stream.
+
+    This property is available only while a Python custom ``backward`` is
+    executing during an eager, first-order :meth:`~torch.Tensor.backward`,
+    :func:`torch.autograd.backward`, or :func:`torch.autograd.grad` call. It is
+    unavailable with ``create_graph=True``, anomaly detection, a post-hook on
+    the producing autograd node, or stale capture stream overrides.
+
+    .. note::
+        For a leaf input, a non-``None`` entry exposes its execution-local
+        ``InputBuffer``, not its existing ``.grad``. All contributions are
+        first combined in that buffer. During ``backward``, ``AccumulateGrad``
+        then runs once with the completed buffer to update ``.grad`` and run
+        its usual hooks. :func:`torch.autograd.grad` instead returns the
+        completed buffer without updating ``.grad``.
+
+        During ``backward``, a custom backward that instead accumulates
+        directly into a leaf ``.grad`` and returns ``None`` does not use this
+        interface. It is responsible for managing ``.grad`` state, including
+        initialization and lifetime, synchronization with all other producers,
+        and any ``AccumulateGrad`` hook behavior bypassed by the direct write.
+
+    (Contract text of torch 2.15, BSD-3-Clause, (c) PyTorch contributors;
+    provided on this torch by torch_ctxext.)
+    """
+    if not isinstance(self, torch._C._FunctionBase):
+        # A ctx that is no autograd node is never executing backward.
+        raise RuntimeError(OUTSIDE_BACKWARD_ERROR)
+    buffers = _C.input_grad_buffers(self)
+    for buffer in buffers:
+        if buffer is not None:
+            setattr(self, EXPOSED_IN_TASK, _C.current_graph_task_id())
+            break
+    return buffers
+
+
+def _check_not_reentrant_after_exposure():
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return
+    task = getattr(node, EXPOSED_IN_TASK, None)
+    if task is not None and task == _C.current_graph_task_id():
+        raise RuntimeError(REENTRANT_ERROR)
+
+
+def _guard(engine_run_backward):
+    def _engine_run_backward(*args, **kwargs):
+        _check_not_reentrant_after_exposure()
+        return engine_run_backward(*args, **kwargs)
+
+    _engine_run_backward.__wrapped__ = engine_run_backward
+    _engine_run_backward.__doc__ = engine_run_backward.__doc__
+    _engine_run_backward._torch_ctxext_guard = True
+    return _engine_run_backward
+
+
+_C = None
+
+
+def install(ext):
+    """Add the property to FunctionCtx and guard reentrant backward/grad."""
+    global _C
+    _C = ext
+    prop = property(_input_grad_buffers, doc=_input_grad_buffers.__doc__)
+    FunctionCtx.input_grad_buffers = prop
+    engine_run_backward = torch.autograd.graph._engine_run_backward
+    if not getattr(engine_run_backward, "_torch_ctxext_guard", False):
+        guarded = _guard(engine_run_backward)
+        # autograd/__init__.py imported the function by name: patch both, as
+        # torch.compiler does for the same function.
+        torch.autograd.graph._engine_run_backward = guarded
+        torch.autograd._engine_run_backward = guarded

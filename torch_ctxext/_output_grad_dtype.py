@@ -1,0 +1,257 @@
+"""``FunctionCtx.set_output_grad_dtype`` for torch releases that lack it (< 2.14).
+
+The declaration is made in ``forward`` or ``setup_context``, before the outputs
+exist in the graph; it takes effect once ``Function.apply`` has wrapped them.
+``Function.apply`` is therefore wrapped to apply the pending declarations of
+the ctx it created. A Function that never declares pays for one thread-local
+read per call.
+
+Where torch 2.15 breaks its own documented contract, this keeps the contract
+(see docs/deviations.md):
+
+1. a dtype that cannot carry a gradient, or of the wrong kind (complex for a
+   real output and the reverse), is rejected when declared rather than
+   failing inside the engine later;
+2. an undefined gradient materialized as zeros arrives in the declared dtype;
+3. calling it from ``backward`` raises instead of being ignored.
+"""
+import threading
+import weakref
+
+import torch
+from torch.autograd.function import Function, FunctionCtx
+
+CALLED_TWICE_ERROR = "set_output_grad_dtype can only be called once"
+
+
+class _ApplyState(threading.local):
+    """Per thread: how many Function.apply calls are running, and the ctx
+    objects that declared dtypes during them."""
+
+    def __init__(self):
+        self.depth = 0
+        self.ctxs = []
+
+
+_state = _ApplyState()
+_C = None
+
+
+def _set_output_grad_dtype(self, *dtypes):
+    r"""Declare the gradient dtype for each of this Function's outputs.
+
+    This should be called at most once, from either the
+    :func:`setup_context` or :func:`forward` methods. The number of
+    declarations must match the number of returned values, and each argument
+    corresponds positionally to the output at the same index.
+
+    For each output, pass the dtype your backward should receive its
+    gradient in:
+
+    - Pass a :class:`torch.dtype` and the engine guarantees the gradient
+      handed to backward has that dtype. This is only valid for a
+      differentiable Tensor output.
+    - Pass ``None`` and the gradient is handed to backward with whatever
+      dtype it already has. This is also the only valid choice for a
+      non-Tensor or non-differentiable output, which has no gradient.
+    - Omit this call (or pass the output's own dtype) and the gradient is
+      handed to backward in the output's dtype, which is the default.
+
+    For example::
+
+        >>> import torch
+        >>> class Trig(torch.autograd.Function):
+        ...     @staticmethod
+        ...     def forward(ctx, x):
+        ...         t1 = x.sin()
+        ...         t2 = x.cos()
+        ...         t3 = x.tan()
+        ...         ctx.set_output_grad_dtype(torch.float32, t2.dtype, None, None)
+        ...         return t1, t2, t3, "not a tensor"
+        ...
+        ...     @staticmethod
+        ...     def backward(ctx, g1, g2, g3, _):
+        ...         print(g1.dtype, g2.dtype, g3.dtype)
+        ...         return g1.to(torch.float16) + g2 + g3.to(torch.float16)
+        >>> x = torch.ones(3, dtype=torch.float16, requires_grad=True)
+        >>> t1, t2, t3, _ = Trig.apply(x)
+        >>> (t1.sum() + t2.sum() + t3.double().sum()).backward()
+        torch.float32 torch.float16 torch.float64
+
+    This ensures that backward receives ``t1``'s gradient in ``float32``,
+    keeps the default behavior for ``t2``'s gradient via ``t2.dtype``,
+    passes ``t3``'s gradient through uncast with ``None``, and uses ``None``
+    as the placeholder for the trailing non-Tensor output.
+
+    Unlike torch 2.15, which accepts them and fails later inside the engine or
+    ignores them, torch_ctxext rejects when declared a dtype that cannot carry
+    a gradient or whose kind (real or complex) differs from its output's, and
+    a call made from ``backward``; and an undefined gradient materialized as
+    zeros arrives in the declared dtype (see docs/deviations.md).
+
+    (Contract text of torch 2.15, BSD-3-Clause, (c) PyTorch contributors;
+    provided on this torch by torch_ctxext.)
+    """
+    state = _state
+    if state.depth == 0 or (
+        isinstance(self, torch._C._FunctionBase) and _C.differentiable_outputs(self)
+    ):
+        raise RuntimeError(
+            "set_output_grad_dtype can only be called from forward or "
+            "setup_context, while Function.apply runs: this Function's outputs "
+            "were already returned (it was called from backward or after apply), "
+            "so the declaration could no longer take effect. Declare the gradient "
+            "dtypes in forward or setup_context."
+        )
+    if getattr(self, "output_grad_dtypes", None) is not None:
+        raise RuntimeError(CALLED_TWICE_ERROR)
+    self.output_grad_dtypes = dtypes
+    state.ctxs.append(self)
+
+
+def _is_differentiable_dtype(dtype):
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def _apply_declarations(ctx, output):
+    """Check ctx's declarations against the outputs apply returned, and make the
+    engine honour them. Runs whether or not a graph was recorded, as in torch
+    2.15; only the setting needs a graph."""
+    dtypes = ctx.output_grad_dtypes
+    outputs = output if isinstance(output, tuple) else (output,)
+    if len(dtypes) != len(outputs):
+        if torch._C._are_functorch_transforms_active():
+            # vmap wraps the Function in a generated one with extra outputs;
+            # torch 2.15 reports the miscount below, which helps nobody.
+            raise RuntimeError(
+                "set_output_grad_dtype is not supported for a Function called "
+                "under torch.func.vmap (its outputs are re-wrapped with extra "
+                "values, so declarations cannot be matched to them). Call the "
+                "Function outside vmap or drop the declaration; torch.func.grad, "
+                "vjp and jacrev are supported."
+            )
+        raise RuntimeError(
+            "set_output_grad_dtype expected the number of declarations to match "
+            f"the number of outputs: the Function returned {len(outputs)} values "
+            f"but {len(dtypes)} declarations were provided"
+        )
+    differentiable = _C.differentiable_outputs(ctx)
+    recorded = bool(differentiable)
+    dirty_view_declared = False
+    for index, (dtype, out) in enumerate(zip(dtypes, outputs)):
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise RuntimeError(
+                "set_output_grad_dtype expects each declaration to be a "
+                f"torch.dtype or None, but got {type(dtype).__name__}"
+            )
+        if recorded:
+            carries_grad = differentiable[index]
+        else:  # no graph: judge by the value, as far as it can tell
+            carries_grad = isinstance(out, torch.Tensor) and _is_differentiable_dtype(
+                out.dtype
+            )
+        if dtype is None:
+            if recorded and carries_grad:
+                _C.set_output_grad_dtype(ctx, index, None)
+            continue
+        if not carries_grad:
+            raise RuntimeError(
+                f"set_output_grad_dtype: got a concrete dtype for output {index}, "
+                "but that output is not a differentiable tensor (it is a "
+                "non-tensor, was marked non-differentiable, or has a "
+                f"non-differentiable dtype). Pass None for output {index} instead."
+            )
+        # Deviation 1: torch 2.15 accepts these and fails inside the engine.
+        if not _is_differentiable_dtype(dtype):
+            raise RuntimeError(
+                f"set_output_grad_dtype: {dtype} cannot carry a gradient, but it "
+                f"was declared for output {index} ({out.dtype}). Declare a floating "
+                "point or complex dtype, or None to keep the gradient's own dtype."
+            )
+        if dtype.is_complex != out.dtype.is_complex:
+            kind = "complex" if out.dtype.is_complex else "real"
+            raise RuntimeError(
+                f"set_output_grad_dtype: output {index} is a {kind} tensor "
+                f"({out.dtype}) but {dtype} was declared for its gradient. A real "
+                "output needs a real floating point gradient dtype and a complex "
+                "output a complex one."
+            )
+        if recorded:
+            _C.set_output_grad_dtype(ctx, index, dtype)
+            # An output changed in place through a view (mark_dirty on a view)
+            # reaches backward through CopySlices, which calls the node
+            # directly, past the engine's cast: cast on entry instead.
+            dirty_view_declared |= out.grad_fn is not ctx
+    if dirty_view_declared:
+        _cast_on_entry(ctx, dtypes)
+
+
+def _cast(grads, dtypes):
+    return [
+        g if (d is None or g is None or g.dtype == d) else g.to(d)
+        for g, d in zip(grads, dtypes)
+    ]
+
+
+class _CastingApply:
+    """ctx.apply / ctx.apply_boxed for a ctx whose grads may bypass the cast.
+
+    Holds the ctx weakly: an instance attribute referring back to its ctx would
+    make a reference cycle and delay freeing the saved tensors.
+    """
+
+    def __init__(self, ctx, dtypes, name):
+        self.ctx = weakref.ref(ctx)
+        self.dtypes = dtypes
+        self.method = getattr(type(ctx), name)
+        self.boxed = name == "apply_boxed"
+
+    def __call__(self, *args):
+        ctx = self.ctx()
+        if self.boxed:
+            (grads,) = args
+            grads[:] = _cast(grads, self.dtypes)
+            return self.method(ctx, grads)
+        return self.method(ctx, *_cast(args, self.dtypes))
+
+
+def _cast_on_entry(ctx, dtypes):
+    ctx.apply = _CastingApply(ctx, dtypes, "apply")
+    if hasattr(type(ctx), "apply_boxed"):
+        ctx.apply_boxed = _CastingApply(ctx, dtypes, "apply_boxed")
+
+
+def _make_apply(original_apply):
+    def apply(cls, *args, **kwargs):
+        state = _state
+        pending = state.ctxs
+        mark = len(pending)
+        state.depth += 1
+        try:
+            output = original_apply(cls, *args, **kwargs)
+        except BaseException:
+            del pending[mark:]
+            raise
+        finally:
+            state.depth -= 1
+        if len(pending) > mark:
+            ctxs = pending[mark:]
+            del pending[mark:]
+            for ctx in ctxs:
+                _apply_declarations(ctx, output)
+        return output
+
+    apply.__doc__ = original_apply.__doc__
+    apply.__wrapped__ = original_apply
+    apply._torch_ctxext_wrapper = True
+    return apply
+
+
+def install(ext):
+    global _C
+    _C = ext
+    FunctionCtx.output_grad_dtypes = None
+    FunctionCtx.set_output_grad_dtype = _set_output_grad_dtype
+    original = Function.__dict__["apply"]
+    if not getattr(original.__func__, "_torch_ctxext_wrapper", False):
+        Function.apply = classmethod(_make_apply(original.__func__))

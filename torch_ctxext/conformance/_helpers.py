@@ -1,0 +1,43 @@
+"""Shared helpers for the ctx-contract conformance tests.
+
+Only torch, pytest, hypothesis and expecttest may be used here: the suite runs
+against bare torch and never imports the project.
+"""
+
+import torch
+from hypothesis import strategies as st
+
+# (major, minor) of the torch under test, e.g. (2, 13).
+TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+# Feature detection, as the reference notes recommend (not version numbers).
+HAS_BOXED_GRADS = hasattr(torch.autograd.function.BackwardCFunction, "apply_boxed")
+
+FLOAT_DTYPES = (torch.float32, torch.float64)
+
+float_dtypes = st.sampled_from(FLOAT_DTYPES)
+
+# Tiny shapes only: the whole suite must stay fast.
+small_shapes = st.lists(st.integers(min_value=1, max_value=3), min_size=0, max_size=2).map(
+    tuple
+)
+
+# Seeds for make_tensor.
+seeds = st.integers(min_value=0, max_value=2**31 - 1)
+
+
+def make_tensor(shape, dtype, seed, requires_grad=False, low=-2.0, high=2.0):
+    """A deterministic random tensor (uses its own generator, not the global RNG)."""
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.rand(shape, dtype=dtype, generator=gen) * (high - low) + low
+    return t.requires_grad_(requires_grad)
+
+
+@st.composite
+def tensor_specs(draw, shapes=small_shapes, dtypes=float_dtypes):
+    """Draw (shape, dtype, seed)."""
+    return draw(shapes), draw(dtypes), draw(seeds)
+
+
+def atol_for(dtype):
+    return 1e-5 if dtype == torch.float32 else 1e-10
