@@ -75,7 +75,8 @@ def _set_output_grad_dtype(self, *dtypes):
         ...         return g1.to(torch.float16) + g2 + g3.to(torch.float16)
         >>> x = torch.ones(3, dtype=torch.float16, requires_grad=True)
         >>> t1, t2, t3, _ = Trig.apply(x)
-        >>> (t1.sum() + t2.sum() + t3.double().sum()).backward()
+        >>> half, double = torch.ones(3, dtype=torch.float16), torch.ones(3, dtype=torch.float64)
+        >>> torch.autograd.backward([t1, t2, t3], [half, half, double])
         torch.float32 torch.float16 torch.float64
 
     This ensures that backward receives ``t1``'s gradient in ``float32``,
@@ -120,16 +121,6 @@ def _apply_declarations(ctx, output):
     dtypes = ctx.output_grad_dtypes
     outputs = output if isinstance(output, tuple) else (output,)
     if len(dtypes) != len(outputs):
-        if torch._C._are_functorch_transforms_active():
-            # vmap wraps the Function in a generated one with extra outputs;
-            # torch 2.15 reports the miscount below, which helps nobody.
-            raise RuntimeError(
-                "set_output_grad_dtype is not supported for a Function called "
-                "under torch.func.vmap (its outputs are re-wrapped with extra "
-                "values, so declarations cannot be matched to them). Call the "
-                "Function outside vmap or drop the declaration; torch.func.grad, "
-                "vjp and jacrev are supported."
-            )
         raise RuntimeError(
             "set_output_grad_dtype expected the number of declarations to match "
             f"the number of outputs: the Function returned {len(outputs)} values "

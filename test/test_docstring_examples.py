@@ -1,0 +1,16 @@
+"""Every example in the docstrings torch_ctxext adds runs as written."""
+import doctest
+
+import pytest
+
+import torch_ctxext
+from torch_ctxext import _features, _input_grad_buffers, _output_grad_dtype
+
+
+@pytest.mark.parametrize(
+    "module", [_input_grad_buffers, _output_grad_dtype, _features], ids=lambda m: m.__name__
+)
+def test_docstring_examples_run_as_written(module):
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0
+    assert result.failed == 0

@@ -1,0 +1,148 @@
+"""The plugin itself: what import patches, what it refuses, what it reports."""
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.autograd.function import BackwardCFunction, Function, FunctionCtx
+
+import torch_ctxext
+from torch_ctxext import _features
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(code, **env):
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd="/",
+    )
+
+
+def test_features_names_every_member_of_the_contract_and_who_provides_it():
+    features = torch_ctxext.features()
+    assert list(features) == list(_features.MEMBERS)
+    for member, status in features.items():
+        assert status in ("native", "torch_ctxext"), (member, status)
+
+
+def test_members_torch_lacks_are_provided_by_torch_ctxext_and_native_ones_untouched():
+    code = """
+        import torch
+        from torch.autograd.function import BackwardCFunction, FunctionCtx
+        before = {n: (BackwardCFunction if n.startswith("apply") else FunctionCtx).__dict__.get(n)
+                  for n in ("apply", "apply_boxed", "apply_jvp", "mark_dirty",
+                            "input_grad_buffers", "set_output_grad_dtype")}
+        apply_before = torch.autograd.Function.__dict__["apply"]
+        import torch_ctxext
+        features = torch_ctxext.features()
+        for name, obj in before.items():
+            owner = BackwardCFunction if name.startswith("apply") else FunctionCtx
+            if features[name] == "native":
+                assert owner.__dict__.get(name) is obj, name
+            else:
+                assert obj is None and features[name] == "torch_ctxext", name
+        if features["set_output_grad_dtype"] == "native":
+            assert torch.autograd.Function.__dict__["apply"] is apply_before
+        print("ok")
+    """
+    result = run_python(code)
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_importing_twice_is_harmless():
+    apply = Function.__dict__["apply"]
+    engine = torch.autograd.graph._engine_run_backward
+    prop = FunctionCtx.__dict__.get("input_grad_buffers")
+    importlib.reload(torch_ctxext)
+    assert Function.__dict__["apply"] is apply
+    assert torch.autograd.graph._engine_run_backward is engine
+    assert FunctionCtx.__dict__.get("input_grad_buffers") is prop
+
+
+def test_help_shows_the_documented_contract_with_the_matmul_example():
+    doc = FunctionCtx.input_grad_buffers.__doc__
+    assert "Return existing buffers for accumulating gradients" in doc
+    assert "class Matmul(torch.autograd.Function)" in doc
+    doc = FunctionCtx.set_output_grad_dtype.__doc__
+    assert "Declare the gradient dtype for each of this Function's outputs" in doc
+
+
+def test_info_prints_the_torch_version_the_build_and_every_member():
+    result = subprocess.run(
+        [sys.executable, "-m", "torch_ctxext", "info"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"torch          {torch.__version__}" in result.stdout
+    assert "built for" in result.stdout
+    for member in _features.MEMBERS:
+        assert member in result.stdout
+
+
+def test_an_unsupported_torch_is_refused_at_import_naming_the_supported_releases():
+    result = run_python(
+        """
+        import torch
+        torch.__version__ = "2.11.0"
+        import torch_ctxext
+        """
+    )
+    assert result.returncode != 0
+    assert "ImportError: torch_ctxext supports torch 2.13 to 2.15, but torch 2.11.0 is installed" in result.stderr
+
+
+needs_extension = pytest.mark.skipif(
+    hasattr(FunctionCtx, "input_grad_buffers")
+    and torch_ctxext.features()["input_grad_buffers"] == "native"
+    and torch_ctxext.features()["set_output_grad_dtype"] == "native",
+    reason="the running torch needs no extension",
+)
+
+
+@needs_extension
+def test_the_extension_refuses_to_load_against_another_torch_build(tmp_path):
+    """An ImportError naming both builds and the command that rebuilds."""
+    import shutil
+
+    package = os.path.dirname(torch_ctxext.__file__)
+    copy = tmp_path / "torch_ctxext"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "_build_info.py").write_text(
+        "TORCH_VERSION = '2.13.9+cpu'\nTORCH_GIT_VERSION = 'deadbeef' * 5\n"
+    )
+    result = run_python("import torch_ctxext", PYTHONPATH=str(tmp_path))
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("torch_ctxext._extension.BuildMismatchError: torch_ctxext was built for torch 2.13.9+cpu (git deadbeefdead)")
+    assert f"but torch {torch.__version__}" in last
+    assert "pip install --no-build-isolation --force-reinstall --no-deps" in last
+
+
+@needs_extension
+def test_the_compiled_library_records_the_torch_it_was_built_for():
+    from torch_ctxext import _extension
+
+    ext = _extension.load()
+    assert ext.built_for_torch == torch.__version__
+    assert ext.built_for_git_version == torch.version.git_version
+
+
+def test_setup_without_torch_stops_with_one_line_saying_to_install_torch_first():
+    code = f"""
+        import sys, runpy
+        sys.modules["torch"] = None
+        sys.argv = ["setup.py", "--version"]
+        runpy.run_path({os.path.join(ROOT, "setup.py")!r})
+    """
+    result = run_python(code)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "torch_ctxext: install torch first (pip install torch), then rerun "
+        "with --no-build-isolation so the extension is built against it."
+    ]

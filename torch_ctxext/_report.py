@@ -1,0 +1,110 @@
+"""Running the conformance suite and reporting on it, per member of the contract."""
+import json
+import os
+
+import torch
+
+from ._features import MEMBERS
+
+SUITE = "torch_ctxext.conformance"
+
+
+def info_table(features, torch_version, built_for):
+    lines = [
+        f"torch          {torch_version}",
+        f"built for      {built_for}",
+        "",
+        f"{'member':<26}provided by",
+        f"{'-' * 25} {'-' * 40}",
+    ]
+    lines += [f"{name:<26}{status}" for name, status in features.items()]
+    return "\n".join(lines)
+
+
+class _Collector:
+    """A pytest plugin recording each test's outcome under its member."""
+
+    def __init__(self):
+        self.results = []
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            module = os.path.basename(report.nodeid.split("::")[0])
+            member = module[len("test_") : -len(".py")]
+            deviation = bool(getattr(report, "wasxfail", "")) and (
+                "known upstream deviation" in report.wasxfail
+            )
+            if report.skipped and deviation:
+                outcome = "deviation"
+            elif report.skipped and hasattr(report, "wasxfail"):
+                outcome = "xfailed"
+            else:
+                outcome = report.outcome
+            self.results.append(
+                {"test": report.nodeid, "member": member, "outcome": outcome}
+            )
+
+
+def run_suite(select=None, extra_pytest_args=()):
+    """Run the suite in this process; return the report as a dict."""
+    import pytest
+
+    import torch_ctxext
+
+    collector = _Collector()
+    args = ["--pyargs", SUITE, "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    if select:
+        args += ["-k", select]
+    args += list(extra_pytest_args)
+    exit_code = pytest.main(args, plugins=[collector])
+    features = torch_ctxext.features()
+    members = {}
+    for name in MEMBERS:
+        rows = [r for r in collector.results if r["member"] == name]
+        members[name] = {
+            "provider": features[name],
+            "passed": sum(r["outcome"] == "passed" for r in rows),
+            "failed": sum(r["outcome"] == "failed" for r in rows),
+            "skipped": sum(r["outcome"] in ("skipped", "xfailed") for r in rows),
+            "upstream_deviations": sum(r["outcome"] == "deviation" for r in rows),
+        }
+    failed = [r["test"] for r in collector.results if r["outcome"] == "failed"]
+    ran = sum(m["passed"] + m["failed"] for m in members.values())
+    untested = [n for n, m in members.items() if not select and m["passed"] + m["failed"] == 0]
+    ok = not failed and not untested and ran > 0 and exit_code == pytest.ExitCode.OK
+    return {
+        "torch": torch.__version__,
+        "members": members,
+        "failed_tests": failed,
+        "untested_members": untested,
+        "pytest_exit_code": int(exit_code),
+        "verdict": "conforms" if ok else "does not conform",
+    }
+
+
+def format_report(report):
+    lines = [
+        "",
+        f"ctx contract conformance on torch {report['torch']}",
+        "",
+        f"{'member':<25}{'provider':<14}{'passed':>7}{'failed':>7}{'skipped':>8}"
+        f"{'upstream deviations':>21}",
+    ]
+    for name, m in report["members"].items():
+        provider = m["provider"] if not m["provider"].startswith("unavailable") else "unavailable"
+        lines.append(
+            f"{name:<25}{provider:<14}{m['passed']:>7}{m['failed']:>7}{m['skipped']:>8}"
+            f"{m['upstream_deviations']:>21}"
+        )
+    for test in report["failed_tests"]:
+        lines.append(f"FAILED {test}")
+    for name in report["untested_members"]:
+        lines.append(f"UNTESTED {name}: the suite ran no test for it")
+    lines += ["", f"verdict: {report['verdict']}"]
+    return "\n".join(lines)
+
+
+def write_json(report, path):
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
+        f.write("\n")

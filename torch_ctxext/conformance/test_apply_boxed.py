@@ -1,0 +1,216 @@
+"""Conformance: ``BackwardCFunction.apply_boxed`` and ``Function.boxed_grads_call``.
+
+Contract text: docstrings of ``BackwardCFunction.apply_boxed`` and of the
+``boxed_grads_call`` attribute in torch 2.15's ``torch/autograd/function.py``,
+and the "Boxed grads" section of the upstream 2.15 reference notes.
+"""
+
+import weakref
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from torch.autograd import Function
+from torch.autograd.function import once_differentiable
+
+try:
+    from ._helpers import HAS_BOXED_GRADS, TORCH_VERSION, float_dtypes, make_tensor, seeds, tensor_specs
+except ImportError:
+    from _helpers import HAS_BOXED_GRADS, TORCH_VERSION, float_dtypes, make_tensor, seeds, tensor_specs
+
+pytestmark = pytest.mark.skipif(not HAS_BOXED_GRADS, reason="this torch has no boxed grads call")
+
+
+def _spy(cls, name, calls):
+    """Replace ``cls.<name>`` by a wrapper that records its calls."""
+    original = getattr(cls, name)
+
+    def wrapper(self, *args):
+        calls.append((name, args))
+        return original(self, *args)
+
+    setattr(cls, name, wrapper)
+
+
+def _boxed_fanout(n, body):
+    """A boxed Function returning ``x * (i + 1)`` for i < n; its backward
+    calls ``body(grads)`` which must return the gradient of x."""
+
+    class Fanout(Function):
+        boxed_grads_call = True
+
+        @staticmethod
+        def forward(ctx, x):
+            return tuple(x * (i + 1) for i in range(n))
+
+        @staticmethod
+        def backward(ctx, *args):
+            return body(*args)
+
+    return Fanout
+
+
+def _loss_with_fresh_grads(outs, weights):
+    """Each output's gradient is produced by a MulBackward node: a fresh
+    tensor that nobody but the engine (and then the boxed list) owns."""
+    return sum((o * w).sum() for o, w in zip(outs, weights))
+
+
+@settings(deadline=None)
+@given(spec=tensor_specs(), n=st.integers(min_value=1, max_value=3))
+def test_engine_calls_apply_boxed_when_boxed_grads_call_is_true(spec, n):
+    """Apply method called by the autograd engine when boxed_grads_call is True."""
+    shape, dtype, seed = spec
+    calls = []
+    fn = _boxed_fanout(n, lambda grads: sum(g * (i + 1) for i, g in enumerate(grads)))
+    _spy(fn._backward_cls, "apply", calls)
+    _spy(fn._backward_cls, "apply_boxed", calls)
+    x = make_tensor(shape, dtype, seed, requires_grad=True)
+    outs = fn.apply(x)
+    sum(o.sum() for o in outs).backward()
+    assert [name for name, _ in calls] == ["apply_boxed"]
+    (args,) = [args for _, args in calls]
+    assert len(args) == 1 and type(args[0]) is list
+    torch.testing.assert_close(x.grad, torch.full_like(x, sum(range(1, n + 1))).detach())
+
+
+@settings(deadline=None)
+@given(spec=tensor_specs(), n=st.integers(min_value=1, max_value=4))
+def test_boxed_backward_receives_a_single_list_instead_of_individual_grads(spec, n):
+    """When True, ``backward(ctx, grads)`` receives a single list instead of ``backward(ctx, *grads)``."""
+    shape, dtype, seed = spec
+    seen = {}
+
+    def body(*args):
+        seen["args"] = args
+        (grads,) = args
+        seen["copy"] = list(grads)
+        return sum(g * (i + 1) for i, g in enumerate(grads))
+
+    fn = _boxed_fanout(n, body)
+    x = make_tensor(shape, dtype, seed, requires_grad=True)
+    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
+    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    args = seen["args"]
+    assert len(args) == 1 and type(args[0]) is list
+    assert len(seen["copy"]) == n
+    for g, w in zip(seen["copy"], weights):
+        torch.testing.assert_close(g, w)  # grads in output order
+    torch.testing.assert_close(x.grad, sum(w * (i + 1) for i, w in enumerate(weights)))
+
+
+@settings(deadline=None)
+@given(
+    data=st.data(),
+    n=st.integers(min_value=1, max_value=4),
+    dtype=float_dtypes,
+    seed=seeds,
+)
+def test_apply_boxed_receives_one_list_whose_removed_entries_are_freed_before_backward_returns(data, n, dtype, seed):
+    """Grads arrive as a single mutable list argument, allowing backward to free individual grads mid-execution."""
+    remove = data.draw(st.lists(st.booleans(), min_size=n, max_size=n).filter(any))
+    shape = data.draw(st.sampled_from([(), (3,), (2, 2)]))
+    report = {}
+
+    def body(grads):
+        assert type(grads) is list and len(grads) == n
+        refs = [weakref.ref(g) for g in grads]
+        total = sum(g * (i + 1) for i, g in enumerate(grads))
+        for i in reversed(range(n)):
+            if remove[i]:
+                del grads[i]
+        # Still inside backward: removed grads must already be gone.
+        report["alive"] = [r() is not None for r in refs]
+        return total
+
+    fn = _boxed_fanout(n, body)
+    x = make_tensor(shape, dtype, seed, requires_grad=True)
+    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
+    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    assert report["alive"] == [not r for r in remove]
+    torch.testing.assert_close(x.grad, sum(w * (i + 1) for i, w in enumerate(weights)))
+
+
+@settings(deadline=None)
+@given(spec=tensor_specs(), n=st.integers(min_value=1, max_value=4))
+def test_clearing_the_boxed_list_frees_every_grad_while_backward_runs(spec, n):
+    """(Reference, "Boxed grads") the engine calls ``apply_boxed`` with one mutable ``list`` of grads, which holds the only references, so ``grads.clear()`` ... frees them while the backward is still running."""
+    shape, dtype, seed = spec
+    report = {}
+
+    def body(grads):
+        refs = [weakref.ref(g) for g in grads]
+        total = sum(g * (i + 1) for i, g in enumerate(grads))
+        grads.clear()
+        report["alive"] = [r() is not None for r in refs]
+        return total
+
+    fn = _boxed_fanout(n, body)
+    x = make_tensor(shape, dtype, seed, requires_grad=True)
+    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
+    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    assert report["alive"] == [False] * n
+    torch.testing.assert_close(x.grad, sum(w * (i + 1) for i, w in enumerate(weights)))
+
+
+@settings(deadline=None)
+@given(spec=tensor_specs(), n=st.integers(min_value=1, max_value=4))
+def test_boxed_grads_call_defaults_to_false(spec, n):
+    """Bool that specifies if backward should receive grads as a single mutable list argument instead of individual args in an immutable tuple. ... Default is False."""
+    shape, dtype, seed = spec
+    assert Function.boxed_grads_call is False
+    seen = {}
+    calls = []
+
+    class Plain(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return tuple(x * (i + 1) for i in range(n))
+
+        @staticmethod
+        def backward(ctx, *grads):
+            seen["grads"] = grads
+            return sum(g * (i + 1) for i, g in enumerate(grads))
+
+    assert Plain.boxed_grads_call is False
+    _spy(Plain._backward_cls, "apply_boxed", calls)
+    x = make_tensor(shape, dtype, seed, requires_grad=True)
+    sum(o.sum() for o in Plain.apply(x)).backward()
+    assert calls == []
+    grads = seen["grads"]
+    assert type(grads) is tuple and len(grads) == n
+    assert all(isinstance(g, torch.Tensor) for g in grads)
+
+
+@pytest.mark.xfail(
+    condition=TORCH_VERSION >= (2, 13),
+    strict=True,
+    reason=(
+        "torch 2.13 and 2.15: once_differentiable only arms its double-backward error when "
+        "one of backward's arguments is a tensor requiring grad; with boxed_grads_call the "
+        "only argument is a list, so the gradient silently comes back non-differentiable "
+        "and double backward drops this Function's contribution instead of raising"
+    ),
+)
+def test_once_differentiable_makes_double_backward_raise_with_boxed_grads():
+    """(save_for_backward) Custom Functions that do not support double backward should decorate their :func:`backward` method with ``@once_differentiable`` so that performing double backward raises an error."""
+
+    class OnceBoxed(Function):
+        boxed_grads_call = True
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x**2
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, grads):
+            (x,) = ctx.saved_tensors
+            return 2 * x * grads[0]
+
+    x = torch.tensor([1.0, 2.0], requires_grad=True, dtype=torch.double)
+    y = OnceBoxed.apply(x)
+    (gx,) = torch.autograd.grad((y**2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        (gx.sum() + (x * x).sum()).backward()
