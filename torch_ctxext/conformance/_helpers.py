@@ -37,7 +37,3 @@ def make_tensor(shape, dtype, seed, requires_grad=False, low=-2.0, high=2.0):
 def tensor_specs(draw, shapes=small_shapes, dtypes=float_dtypes):
     """Draw (shape, dtype, seed)."""
     return draw(shapes), draw(dtypes), draw(seeds)
-
-
-def atol_for(dtype):
-    return 1e-5 if dtype == torch.float32 else 1e-10

@@ -7,7 +7,7 @@ Contract text: docstring of ``FunctionCtx.mark_dirty`` in torch 2.15's
 import expecttest
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 

@@ -20,12 +20,13 @@ class SortForward(Function):
     @staticmethod
     def forward(ctx, x):
         values, idx = x.sort()
-        ctx.mark_non_differentiable(idx)
+        ranks = idx.to(x.dtype)  # a floating-point output, differentiable unless marked
+        ctx.mark_non_differentiable(idx, ranks)
         ctx.save_for_backward(idx)
-        return values, idx
+        return values, idx, ranks
 
     @staticmethod
-    def backward(ctx, g1, g2):
+    def backward(ctx, g1, g2, g3):
         (idx,) = ctx.saved_tensors
         return torch.zeros_like(g1).scatter(-1, idx, g1)
 
@@ -33,16 +34,17 @@ class SortForward(Function):
 class SortSetupContext(Function):
     @staticmethod
     def forward(x):
-        return x.sort()
+        values, idx = x.sort()
+        return values, idx, idx.to(x.dtype)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        values, idx = output
-        ctx.mark_non_differentiable(idx)
+        values, idx, ranks = output
+        ctx.mark_non_differentiable(idx, ranks)
         ctx.save_for_backward(idx)
 
     @staticmethod
-    def backward(ctx, g1, g2):
+    def backward(ctx, g1, g2, g3):
         (idx,) = ctx.saved_tensors
         return torch.zeros_like(g1).scatter(-1, idx, g1)
 
@@ -81,9 +83,10 @@ def test_mark_non_differentiable_works_from_forward_or_setup_context(fn, spec):
     """This should be called at most once, in either the :func:`setup_context` or :func:`forward` methods, and all arguments should be tensor outputs."""
     shape, dtype, seed = spec
     x = make_tensor(shape, dtype, seed, requires_grad=True)
-    values, idx = fn.apply(x)
+    values, idx, ranks = fn.apply(x)
     assert values.requires_grad
     assert not idx.requires_grad and idx.grad_fn is None
+    assert ranks.dtype == dtype and not ranks.requires_grad and ranks.grad_fn is None
     w = make_tensor(shape, dtype, seed + 1)
     (values * w).sum().backward()
     expected = torch.zeros_like(w).scatter(-1, idx, w)

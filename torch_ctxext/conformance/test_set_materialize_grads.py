@@ -228,7 +228,7 @@ def test_set_materialize_grads_true_expands_undefined_tangents_to_zeros_before_j
 @settings(deadline=None)
 @given(case=fanout_case())
 def test_set_materialize_grads_false_hands_none(case):
-    """Set whether to materialize grad tensors. (With ``False``, undefined grads are not expanded: backward gets ``None``.)"""
+    """Set whether to materialize grad tensors. (Example: ``ctx.set_materialize_grads(False)`` ... ``if g1 is not None:  # We must check for None now``)"""
     shapes, dtypes, used, seed = case
     fn, seen = _fanout(False)
     xs, outs = _run_backward(fn, shapes, dtypes, used, seed)
@@ -246,7 +246,7 @@ def test_set_materialize_grads_false_hands_none(case):
 @settings(deadline=None)
 @given(case=fanout_case())
 def test_set_materialize_grads_false_hands_none_to_jvp(case):
-    """Set whether to materialize grad tensors. (With ``False``, undefined tangents are not expanded: jvp gets ``None``.)"""
+    """If ``True``, undefined grad tensors will be expanded to tensors full of zeros prior to calling the ... :func:`jvp` methods. (So with ``False`` jvp must check for None, as the example's backward does.)"""
     shapes, dtypes, used, seed = case
     fn, seen = _fanout(False)
     xs, ts, out_tangents = _run_jvp(fn, shapes, dtypes, used, seed)
