@@ -26,6 +26,62 @@ std::optional<at::ScalarType> to_scalar_type(py::handle dtype) {
   return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
 }
 
+// The getter of FunctionCtx.input_grad_buffers, as a plain CPython function
+// (METH_O): the property is read inside hot backward loops, and a pybind11
+// call costs about as much again as the read itself.
+// Called once, the first time a buffer is handed out in this process: installs
+// the reentrancy guard, so that a process that never fuses pays nothing for it.
+PyObject* first_exposure_callback = nullptr;
+
+PyObject* input_grad_buffers_getter(PyObject* /*module*/, PyObject* ctx) {
+  try {
+    if (!THPFunction_Check(ctx)) {
+      // A ctx that is no autograd node is never executing backward.
+      throw std::runtime_error(torch_ctxext::kOutsideBackward);
+    }
+    PyObject* tuple = torch_ctxext::input_grad_buffers(ctx);
+    if (tuple == nullptr) {
+      return nullptr;
+    }
+    // Mark the ctx with the graph task that handed out a buffer, so that the
+    // reentrancy guard applies to this execution only and dies with the ctx.
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
+      if (PyTuple_GET_ITEM(tuple, i) != Py_None) {
+        PyObject* id =
+            PyLong_FromLong(torch::autograd::get_current_graph_task_id());
+        const int failed =
+            id == nullptr ||
+            PyObject_SetAttrString(ctx, "_ctxext_exposed_in_task", id) < 0;
+        Py_XDECREF(id);
+        if (failed) {
+          Py_DECREF(tuple);
+          return nullptr;
+        }
+        if (first_exposure_callback != nullptr) {
+          PyObject* callback = first_exposure_callback;
+          first_exposure_callback = nullptr;
+          PyObject* result = PyObject_CallNoArgs(callback);
+          Py_DECREF(callback);
+          if (result == nullptr) {
+            Py_DECREF(tuple);
+            return nullptr;
+          }
+          Py_DECREF(result);
+        }
+        break;
+      }
+    }
+    return tuple;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyMethodDef input_grad_buffers_def = {
+    "input_grad_buffers", input_grad_buffers_getter, METH_O,
+    "The engine's gradient buffer for each argument of ctx's Function."};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -33,16 +89,13 @@ PYBIND11_MODULE(_C, m) {
   m.attr("built_for_torch") = TORCH_CTXEXT_BUILT_FOR_TORCH;
   m.attr("built_for_git_version") = TORCH_CTXEXT_BUILT_FOR_GIT;
 
-  m.def(
-      "input_grad_buffers",
-      [](py::handle ctx) {
-        PyObject* tuple = torch_ctxext::input_grad_buffers(ctx.ptr());
-        if (tuple == nullptr) {
-          throw py::error_already_set();
-        }
-        return py::reinterpret_steal<py::tuple>(tuple);
-      },
-      py::arg("ctx"));
+  m.add_object("input_grad_buffers",
+               py::reinterpret_steal<py::object>(
+                   PyCFunction_New(&input_grad_buffers_def, nullptr)));
+  m.def("on_first_exposure", [](py::object callback) {
+    Py_XDECREF(first_exposure_callback);
+    first_exposure_callback = callback.release().ptr();
+  });
   m.def("current_graph_task_id", []() -> py::object {
     if (torch_ctxext::current_graph_task() == nullptr) {
       return py::none();

@@ -58,7 +58,7 @@ def test_members_torch_lacks_are_provided_by_torch_ctxext_and_native_ones_untouc
 
 def test_importing_twice_is_harmless():
     apply = Function.__dict__["apply"]
-    engine = torch.autograd.graph._engine_run_backward
+    engine = torch.autograd.graph._engine_run_backward  # guarded or not, unchanged
     prop = FunctionCtx.__dict__.get("input_grad_buffers")
     importlib.reload(torch_ctxext)
     assert Function.__dict__["apply"] is apply
@@ -146,3 +146,38 @@ def test_setup_without_torch_stops_with_one_line_saying_to_install_torch_first()
         "torch_ctxext: install torch first (pip install torch), then rerun "
         "with --no-build-isolation so the extension is built against it."
     ]
+
+
+@needs_extension
+def test_the_reentrancy_guard_is_installed_by_the_first_exposure_and_works_at_once():
+    """A process that never receives a buffer runs backward unwrapped; the first
+    buffer handed out installs the guard before the backward can reenter."""
+    code = """
+        import torch, torch_ctxext
+        plain = torch.autograd.graph._engine_run_backward
+        x = torch.ones(2, requires_grad=True)
+        (x * 2).sum().backward()
+        assert torch.autograd.graph._engine_run_backward is plain
+        class F(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+            @staticmethod
+            def backward(ctx, g):
+                assert ctx.input_grad_buffers[0] is not None
+                q = torch.ones(1, requires_grad=True)
+                try:
+                    with torch.enable_grad():
+                        (q * 2).sum().backward()
+                except RuntimeError as e:
+                    print(e)
+                return g * 2
+        (F.apply(x).sum() + (x * 3).sum()).backward()
+        assert torch.autograd.graph._engine_run_backward is not plain
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "Calling backward or grad reentrantly after accessing a non-None "
+        "ctx.input_grad_buffers entry is not supported"
+    )

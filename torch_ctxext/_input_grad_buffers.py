@@ -18,9 +18,10 @@ OUTSIDE_BACKWARD_ERROR = (
     "input_grad_buffers can only be accessed while autograd is executing backward()"
 )
 
-# The attribute a ctx carries once it handed out a buffer: the id of the graph
-# task that was running, so that the mark only ever applies to that execution
-# of this node and dies with the ctx (no thread-local state to clean up).
+# The attribute a ctx carries once it handed out a buffer (set by the C getter):
+# the id of the graph task that was running, so that the mark only ever
+# applies to that execution of this node and dies with the ctx (no
+# thread-local state to clean up).
 EXPOSED_IN_TASK = "_ctxext_exposed_in_task"
 
 
@@ -113,15 +114,9 @@ def _input_grad_buffers(self):
     (Contract text of torch 2.15, BSD-3-Clause, (c) PyTorch contributors;
     provided on this torch by torch_ctxext.)
     """
-    if not isinstance(self, torch._C._FunctionBase):
-        # A ctx that is no autograd node is never executing backward.
-        raise RuntimeError(OUTSIDE_BACKWARD_ERROR)
-    buffers = _C.input_grad_buffers(self)
-    for buffer in buffers:
-        if buffer is not None:
-            setattr(self, EXPOSED_IN_TASK, _C.current_graph_task_id())
-            break
-    return buffers
+    # The getter itself is _C.input_grad_buffers (see install); this body
+    # documents the property and serves direct calls.
+    return _C.input_grad_buffers(self)
 
 
 def _check_not_reentrant_after_exposure():
@@ -148,11 +143,18 @@ _C = None
 
 
 def install(ext):
-    """Add the property to FunctionCtx and guard reentrant backward/grad."""
+    """Add the property to FunctionCtx; arrange the reentrancy guard."""
     global _C
     _C = ext
-    prop = property(_input_grad_buffers, doc=_input_grad_buffers.__doc__)
+    # The C getter directly: no Python frame between the user and the engine.
+    prop = property(ext.input_grad_buffers, doc=_input_grad_buffers.__doc__)
     FunctionCtx.input_grad_buffers = prop
+    ext.on_first_exposure(_install_reentrancy_guard)
+
+
+def _install_reentrancy_guard():
+    """Guard backward/grad; done when the first buffer is handed out, so that
+    a process which never fuses pays nothing for the guard."""
     engine_run_backward = torch.autograd.graph._engine_run_backward
     if not getattr(engine_run_backward, "_torch_ctxext_guard", False):
         guarded = _guard(engine_run_backward)
