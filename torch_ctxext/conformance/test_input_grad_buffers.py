@@ -715,3 +715,40 @@ def _predict(later):
         else:
             state = True  # in-place add or a fresh out-of-place sum
     return state
+
+
+# --- Accelerators (skipped without CUDA) --------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_on_cuda_a_buffer_on_the_running_nodes_stream_is_exposed_and_fusing_is_exact():
+    """All engine-scheduled producers on the same device, thread and stream:
+    the buffer is exposed and the fused gradient equals the unfused one."""
+    results = []
+    for fuse in (True, False):
+        record = []
+        Scale = make_scale(record, fuse=fuse)
+        x = torch.tensor([1.0, 2.0], device="cuda", requires_grad=True)
+        w = torch.tensor([3.0, 4.0], device="cuda", requires_grad=True)
+        (Scale.apply(x, w).sum() + (x * 5).sum()).backward()
+        torch.cuda.synchronize()
+        results.append((record[0], x.grad.cpu(), w.grad.cpu()))
+    (fused_entries, fx, fw), (_, px, pw) = results
+    assert fused_entries[0] is not None and fused_entries[0].device.type == "cuda"
+    torch.testing.assert_close(fx, px)
+    torch.testing.assert_close(fw, pw)
+    torch.testing.assert_close(fx, torch.tensor([8.0, 9.0]))
+
+
+@needs_cuda
+def test_on_cuda_a_cpu_and_a_cuda_input_are_judged_separately():
+    record = []
+    Scale = make_scale(record)
+    x = torch.tensor([1.0, 2.0], device="cuda", requires_grad=True)
+    w = torch.tensor([3.0, 4.0], device="cuda", requires_grad=True)
+    (Scale.apply(x, w).sum() + (x * 5).sum() + (w * 1).sum()).backward()
+    torch.cuda.synchronize()
+    assert exposed(record[0]) == [True, True]
+    torch.testing.assert_close(w.grad.cpu(), torch.tensor([2.0, 3.0]))
