@@ -743,7 +743,7 @@ def test_on_cuda_a_buffer_on_the_running_nodes_stream_is_exposed_and_fusing_is_e
 
 
 @needs_cuda
-def test_on_cuda_a_cpu_and_a_cuda_input_are_judged_separately():
+def test_on_cuda_each_input_is_judged_separately():
     record = []
     Scale = make_scale(record)
     x = torch.tensor([1.0, 2.0], device="cuda", requires_grad=True)
