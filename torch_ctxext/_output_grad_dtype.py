@@ -120,6 +120,13 @@ def _apply_declarations(ctx, output):
     2.15; only the setting needs a graph."""
     dtypes = ctx.output_grad_dtypes
     outputs = output if isinstance(output, tuple) else (output,)
+    if _is_vmapped(ctx):
+        # torch.func.vmap runs a generated Function that returns the user's
+        # outputs followed by their batch dims (autograd_function.py,
+        # unpack_outputs): the declarations are about the outputs alone, which
+        # come first, so indices still line up. torch 2.15 miscounts here.
+        out_dims = outputs[-1]
+        outputs = outputs[:-1] if isinstance(out_dims, tuple) else outputs[:1]
     if len(dtypes) != len(outputs):
         raise RuntimeError(
             "set_output_grad_dtype expected the number of declarations to match "
@@ -175,6 +182,15 @@ def _apply_declarations(ctx, output):
             dirty_view_declared |= out.grad_fn is not ctx
     if dirty_view_declared:
         _cast_on_entry(ctx, dtypes)
+
+
+def _is_vmapped(ctx):
+    cls = getattr(ctx, "_forward_cls", None)
+    return (
+        cls is not None
+        and cls.__module__ == "torch._functorch.autograd_function"
+        and cls.__name__.startswith("Vmapped")
+    )
 
 
 def _cast(grads, dtypes):

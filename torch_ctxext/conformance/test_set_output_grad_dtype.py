@@ -788,3 +788,36 @@ def test_each_declaration_applies_to_the_output_at_the_same_index(fspec):
             assert g is None, (i, g)
     assert x.grad.dtype == torch.float32
     torch.testing.assert_close(x.grad.double(), reference, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.upstream_deviation("set_output_grad_dtype", "vmap")
+@pytest.mark.parametrize("n_outputs", [1, 2])
+def test_declarations_hold_for_a_function_called_under_torch_func_vmap(n_outputs):
+    """Functions called under torch.func transforms keep the declared dtypes
+    (vmap with generate_vmap_rule, and vmap of grad)."""
+    seen = []
+
+    class Twice(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return (x * 2, x * 3) if n_outputs == 2 else x * 2
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.set_output_grad_dtype(*([torch.float64] * n_outputs))
+
+        @staticmethod
+        def backward(ctx, *grads):
+            seen.append([g.dtype for g in grads])
+            return (grads[0] * 2 + (grads[1] * 3 if n_outputs == 2 else 0)).float()
+
+    def loss(t):
+        out = Twice.apply(t)
+        return (out if n_outputs == 1 else out[0] + out[1]).sum()
+
+    x = torch.ones(2, 3)
+    grads = torch.func.vmap(torch.func.grad(loss))(x)
+    assert seen == [[torch.float64] * n_outputs]
+    torch.testing.assert_close(grads, torch.full((2, 3), 2.0 if n_outputs == 1 else 5.0))
