@@ -45,6 +45,8 @@ test)
     "$venv/bin/python" -m torch_ctxext check --json /tmp/torch_ctxext-check-$torch_version.json >/tmp/torch_ctxext-check.log 2>&1 \
         || { cat /tmp/torch_ctxext-check.log; exit 1; }
     tail -15 /tmp/torch_ctxext-check.log
+    echo "== the suite reports each deliberately broken variant of the contract"
+    "$venv/bin/python" "$root/tools/broken_variants/run.py"
     # The suite against native torch 2.15 shows it checks the contract, not
     # our implementation: everything passes but the documented deviations.
     # pip here may cap torch's version; the reference comes from PyPI itself.

@@ -207,6 +207,7 @@ def test_the_same_slot_reached_through_two_arguments_is_exposed_once():
 
 
 def test_an_input_that_does_not_require_grad_has_a_none_entry():
+    """An entry is None when no producer can contribute: the input does not require grad."""
     record = []
     Scale = make_scale(record)
     x, w = torch.tensor([1.0, 2.0]), leaf(3.0, 4.0)
@@ -246,6 +247,7 @@ def test_autograd_grad_returns_the_completed_buffer_without_updating_grad():
 
 
 def test_backward_with_inputs_accumulates_the_completed_buffer():
+    """backward(inputs=[x]) works too: AccumulateGrad runs once with the completed buffer."""
     record = []
     Scale = make_scale(record)
     x, w = leaf(1.0, 1.0), leaf(2.0, 2.0)
@@ -260,6 +262,7 @@ def test_backward_with_inputs_accumulates_the_completed_buffer():
 
 
 def test_works_with_setup_context_style_functions():
+    """Works with setup_context-style Functions."""
     class Mul(Function):
         @staticmethod
         def forward(x, w):
@@ -286,6 +289,7 @@ def test_works_with_setup_context_style_functions():
 
 
 def test_works_with_once_differentiable_backward():
+    """Works with @once_differentiable."""
     class Double(Function):
         @staticmethod
         def forward(ctx, x):
@@ -306,6 +310,7 @@ def test_works_with_once_differentiable_backward():
 
 
 def test_works_with_boxed_grads_call_functions():
+    """Works with boxed_grads_call = True."""
     class Boxed(Function):
         boxed_grads_call = True
 
@@ -333,6 +338,7 @@ def test_works_with_boxed_grads_call_functions():
     "dtype", [torch.float16, torch.bfloat16, torch.float64, torch.complex64]
 )
 def test_works_with_reduced_precision_and_complex_buffers(dtype):
+    """Works with float16, bfloat16 and complex64 buffers."""
     record = []
     Scale = make_scale(record)
     x, w = leaf(1.0, 2.0, dtype=dtype), leaf(3.0, 4.0, dtype=dtype)
@@ -343,6 +349,7 @@ def test_works_with_reduced_precision_and_complex_buffers(dtype):
 
 
 def test_works_with_zero_dim_buffers():
+    """Works with 0-dim buffers."""
     record = []
     Scale = make_scale(record)
     x, w = torch.tensor(2.0, requires_grad=True), torch.tensor(3.0, requires_grad=True)
@@ -353,6 +360,7 @@ def test_works_with_zero_dim_buffers():
 
 
 def test_works_with_retain_grad_pre_hooks_and_tensor_hooks():
+    """Works with retain_grad() non-leaves, pre-hooks on the node, tensor hooks on the input."""
     record, seen = [], []
     Scale = make_scale(record)
     a, w = leaf(1.0, 2.0), leaf(3.0, 4.0)
@@ -369,6 +377,7 @@ def test_works_with_retain_grad_pre_hooks_and_tensor_hooks():
 
 
 def test_works_from_several_threads_running_backward_at_once():
+    """Works from several threads running backward at once."""
     errors, barrier = [], threading.Barrier(4)
 
     def work():
@@ -422,6 +431,7 @@ def test_reading_it_in_forward_raises():
 
 
 def test_reading_it_after_backward_or_through_a_direct_grad_fn_apply_raises():
+    """Outside backward (on a graph not being executed, after backward, or from a direct grad_fn.apply(...) call) it raises."""
     record = []
     Scale = make_scale(record)
     x, w = leaf(1.0), leaf(2.0)
@@ -443,6 +453,7 @@ def test_reading_it_after_backward_or_through_a_direct_grad_fn_apply_raises():
 
 
 def test_reading_another_functions_ctx_inside_a_backward_raises():
+    """Available only while *this* Function's backward is executing: another ctx raises."""
     record = []
     Scale = make_scale(record)
     x, w = leaf(1.0), leaf(2.0)
@@ -517,6 +528,7 @@ def test_a_post_hook_on_the_producing_node_raises():
 
 
 def test_error_precedence_is_post_hook_then_create_graph_then_anomaly():
+    """When several apply, the post-hook error wins over create_graph, which wins over anomaly detection."""
     def backward(y, x):
         y.grad_fn.register_hook(lambda grad_inputs, grad_outputs: None)
         with torch.autograd.set_detect_anomaly(True):
@@ -565,6 +577,7 @@ def test_calling_backward_or_grad_after_receiving_a_buffer_raises(reentrant, mut
 
 
 def test_reentrant_backward_works_when_every_entry_was_none():
+    """When every entry was None, reentrant calls work."""
     results = []
 
     def call_reentrant(ctx, buffers):
@@ -744,6 +757,7 @@ def test_on_cuda_a_buffer_on_the_running_nodes_stream_is_exposed_and_fusing_is_e
 
 @needs_cuda
 def test_on_cuda_each_input_is_judged_separately():
+    """Availability is independent for each input (on CUDA)."""
     record = []
     Scale = make_scale(record)
     x = torch.tensor([1.0, 2.0], device="cuda", requires_grad=True)
