@@ -25,6 +25,8 @@ namespace {
 
 using torch::autograd::InputBuffer;
 
+enum class SlotState { kNotATensor, kNoGradient, kEmpty, kFilled };
+
 // The engine's rule for accumulating into a slot in place (torch 2.15's
 // input_buffer.cpp): a plain dense tensor whose TensorImpl and storage have no
 // other owner. A Python wrapper that nothing but the tensor itself keeps alive
@@ -60,9 +62,11 @@ bool stream_agrees(InputBuffer& buffer, size_t pos, const at::Tensor& slot,
 
 }  // namespace
 
-PyObject* input_grad_buffers(PyObject* ctx_obj) {
-  THPFunction* ctx = as_ctx(ctx_obj);
-  Node* node = node_of(ctx);
+namespace {
+
+// The checks every read starts with; throws torch 2.15's error when the
+// property is not available. Returns the running task.
+GraphTask* running_task_for(Node* node) {
   GraphTask* task = current_graph_task();
   if (task == nullptr) {
     throw std::runtime_error(kOutsideBackward);
@@ -81,52 +85,69 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
   if (torch::autograd::AnomalyMode::is_enabled()) {
     throw std::runtime_error(kAnomaly);
   }
+  return task;
+}
+
+// Calls visit(i, buffer_or_null, pos, slot_or_null, edge_valid) for each
+// argument, under the task's mutex with the GIL released.
+template <typename Visit>
+void for_each_slot(THPFunction* ctx, Node* node, GraphTask* task,
+                   Visit&& visit) {
+  const std::vector<bool>& is_tensor_arg = ctx->is_variable_input;
+  PyThreadState* saved = PyEval_SaveThread();
+  try {
+    std::lock_guard<std::mutex> lock(task->mutex_);
+    size_t edge_index = 0;
+    for (size_t i = 0; i < is_tensor_arg.size(); ++i) {
+      if (!is_tensor_arg[i] || edge_index >= node->num_outputs()) {
+        visit(i, SlotState::kNotATensor, nullptr, 0);
+        continue;
+      }
+      const auto& edge = node->next_edge(edge_index++);
+      if (!edge.is_valid()) {
+        visit(i, SlotState::kNoGradient, nullptr, 0);
+        continue;
+      }
+      auto it = task->not_ready_.find(edge.function.get());
+      const auto pos = static_cast<size_t>(edge.input_nr);
+      if (it == task->not_ready_.end() || pos >= it->second.buffer.size() ||
+          !it->second.buffer[pos].defined()) {
+        visit(i, SlotState::kEmpty, nullptr, 0);
+        continue;
+      }
+      visit(i, SlotState::kFilled, &it->second, pos);
+    }
+  } catch (...) {
+    PyEval_RestoreThread(saved);
+    throw;
+  }
+  PyEval_RestoreThread(saved);
+}
+
+}  // namespace
+
+PyObject* input_grad_buffers(PyObject* ctx_obj) {
+  THPFunction* ctx = as_ctx(ctx_obj);
+  Node* node = node_of(ctx);
+  GraphTask* task = running_task_for(node);
 
   const std::vector<bool>& is_tensor_arg = ctx->is_variable_input;
   const size_t num_args = is_tensor_arg.size();
   std::vector<at::Tensor> exposed(num_args);
-  {
-    // Other engine threads take mutex_ and may need the GIL while holding it
-    // (a subclass's __torch_dispatch__ inside InputBuffer::add).
-    PyThreadState* saved = PyEval_SaveThread();
-    try {
-      std::lock_guard<std::mutex> lock(task->mutex_);
-      size_t edge_index = 0;
-      for (size_t i = 0; i < num_args; ++i) {
-        if (!is_tensor_arg[i]) {
-          continue;
-        }
-        if (edge_index >= node->num_outputs()) {
-          break;
-        }
-        const auto& edge = node->next_edge(edge_index++);
-        if (!edge.is_valid()) {
-          continue;
-        }
-        auto it = task->not_ready_.find(edge.function.get());
-        if (it == task->not_ready_.end()) {
-          continue;
-        }
-        InputBuffer& buffer = it->second;
-        const auto pos = static_cast<size_t>(edge.input_nr);
-        if (pos >= buffer.buffer.size()) {
-          continue;
-        }
-        const at::Tensor& slot = buffer.buffer[pos];
-        if (!slot.defined() || !can_accumulate_inplace(slot) ||
-            !stream_agrees(buffer, pos, slot, node)) {
-          continue;
-        }
-        // Taking the reference raises the slot's use count, so a second
-        // argument reaching the same slot (f(x, x)) is not exposed again.
-        exposed[i] = slot;
-      }
-    } catch (...) {
-      PyEval_RestoreThread(saved);
-      throw;
-    }
-    PyEval_RestoreThread(saved);
-  }
+  for_each_slot(ctx, node, task,
+                [&](size_t i, SlotState state, InputBuffer* buffer, size_t pos) {
+                  if (state != SlotState::kFilled) {
+                    return;
+                  }
+                  const at::Tensor& slot = buffer->buffer[pos];
+                  if (can_accumulate_inplace(slot) &&
+                      stream_agrees(*buffer, pos, slot, node)) {
+                    // Taking the reference raises the slot's use count, so a
+                    // second argument reaching the same slot (f(x, x)) is
+                    // not exposed again.
+                    exposed[i] = slot;
+                  }
+                });
 
   PyObject* result = PyTuple_New(static_cast<Py_ssize_t>(num_args));
   if (result == nullptr) {
@@ -147,6 +168,84 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
     PyTuple_SET_ITEM(result, static_cast<Py_ssize_t>(i), item);
   }
   return result;
+}
+
+std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
+    PyObject* ctx_obj) {
+  THPFunction* ctx = as_ctx(ctx_obj);
+  Node* node = node_of(ctx);
+  GraphTask* task = running_task_for(node);
+  std::vector<std::pair<std::string, std::string>> reasons(
+      ctx->is_variable_input.size());
+  size_t edge_index = 0;
+  std::vector<Node*> consumers(reasons.size(), nullptr);
+  for (size_t i = 0; i < reasons.size(); ++i) {
+    if (ctx->is_variable_input[i] && edge_index < node->num_outputs()) {
+      consumers[i] = node->next_edge(edge_index++).function.get();
+    }
+  }
+  for_each_slot(ctx, node, task, [&](size_t i, SlotState state,
+                                     InputBuffer* buffer, size_t pos) {
+    auto& reason = reasons[i];
+    switch (state) {
+      case SlotState::kNotATensor:
+        reason = {"not_a_tensor", "the argument is not a tensor"};
+        return;
+      case SlotState::kNoGradient:
+        reason = {"no_gradient", "the input does not require grad"};
+        return;
+      case SlotState::kEmpty: {
+        const auto& exec_info = task->exec_info_;
+        if (!exec_info.empty()) {
+          auto it = exec_info.find(consumers[i]);
+          if (it == exec_info.end() || !it->second.should_execute()) {
+            reason = {"not_needed",
+                      "this backward does not compute the input's gradient "
+                      "(not among backward(inputs=...) / grad(inputs))"};
+            return;
+          }
+        }
+        reason = {"no_earlier_producer",
+                  "no producer has contributed to the input's gradient yet "
+                  "(consumers created after this Function run before it)"};
+        return;
+      }
+      case SlotState::kFilled:
+        break;
+    }
+    const at::Tensor& slot = buffer->buffer[pos];
+    if (at::isTensorSubclassLike(slot)) {
+      reason = {"subclass", "the gradient is a tensor subclass"};
+    } else if (slot._is_zerotensor()) {
+      reason = {"zero_tensor", "the gradient is a zero tensor"};
+    } else if (slot.is_nested()) {
+      reason = {"nested", "the gradient is a nested tensor"};
+    } else if (!slot.is_non_overlapping_and_dense()) {
+      reason = {"not_dense",
+                "the gradient is not dense (expanded or overlapping)"};
+    } else if (!torch::autograd::impl::is_tensor_stealable(
+                   slot, 1 + (at::caching::is_cached_tensor(slot) ? 1 : 0))) {
+      reason = {"shared",
+                "the gradient tensor has " +
+                    std::to_string(slot.use_count() - 1) +
+                    " other owner(s) (another buffer, a root gradient the "
+                    "caller holds, or a buffer you still hold)"};
+    } else if (!slot.has_storage() || slot.storage().use_count() != 1) {
+      reason = {"storage_shared",
+                "the gradient's storage has " +
+                    std::to_string(slot.has_storage()
+                                       ? slot.storage().use_count() - 1
+                                       : 0) +
+                    " other owner(s) (a view of a shared storage)"};
+    } else if (!stream_agrees(*buffer, pos, slot, node)) {
+      reason = {"other_stream",
+                "the gradient is accumulated on another device or stream "
+                "than the running node's"};
+    } else {
+      reason = {"exposed", "the buffer is exposed"};
+    }
+  });
+  return reasons;
 }
 
 }  // namespace torch_ctxext

@@ -2,6 +2,10 @@
 
 #include "engine_layout.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace torch_ctxext {
 
 // The error texts of torch 2.15, verbatim.
@@ -25,5 +29,11 @@ inline constexpr const char* kPostHooks =
 // place, else None. Throws std::runtime_error with torch 2.15's texts when
 // the property is not available.
 PyObject* input_grad_buffers(PyObject* ctx);
+
+// Why each entry of input_grad_buffers is (or would be) None: a
+// (code, explanation) per argument; code "exposed" when it is not None.
+// Reads without taking references, so it changes nothing it explains.
+std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
+    PyObject* ctx);
 
 }  // namespace torch_ctxext

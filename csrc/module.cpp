@@ -92,6 +92,12 @@ PYBIND11_MODULE(_C, m) {
   m.add_object("input_grad_buffers",
                py::reinterpret_steal<py::object>(
                    PyCFunction_New(&input_grad_buffers_def, nullptr)));
+  m.def(
+      "explain_input_grad_buffers",
+      [](py::handle ctx) {
+        return torch_ctxext::explain_input_grad_buffers(ctx.ptr());
+      },
+      py::arg("ctx"));
   m.def("on_first_exposure", [](py::object callback) {
     Py_XDECREF(first_exposure_callback);
     first_exposure_callback = callback.release().ptr();
