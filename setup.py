@@ -21,7 +21,7 @@ except ImportError:
     )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SUPPORTED = ">=2.13,<2.16"
+SUPPORTED = ">=2.12,<2.16"
 
 def write_build_info():
     path = os.path.join(HERE, "torch_ctxext", "_build_info.py")
@@ -46,6 +46,7 @@ ext = CppExtension(
         "csrc/engine_layout.cpp",
         "csrc/input_grad_buffers.cpp",
         "csrc/output_grad_dtype.cpp",
+        "csrc/boxed_grads.cpp",
     ],
     define_macros=[
         ("TORCH_CTXEXT_BUILT_FOR_TORCH", c_string(torch.__version__)),
@@ -68,5 +69,6 @@ setup(
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     entry_points={
         "console_scripts": ["torch-ctxext=torch_ctxext.__main__:main"],
+        "pytest11": ["torch_ctxext = torch_ctxext.pytest_plugin"],
     },
 )

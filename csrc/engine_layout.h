@@ -10,7 +10,7 @@
 #include <Python.h>
 
 #include <torch/csrc/autograd/graph_task.h>
-#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/function.h>  // node.h from 2.13; function.h on all
 #include <torch/csrc/autograd/python_function.h>
 #include <torch/version.h>
 

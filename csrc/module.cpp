@@ -4,6 +4,7 @@
 
 #include <torch/csrc/Dtype.h>
 
+#include "boxed_grads.h"
 #include "engine_layout.h"
 #include "input_grad_buffers.h"
 #include "output_grad_dtype.h"
@@ -92,6 +93,19 @@ PYBIND11_MODULE(_C, m) {
   m.add_object("input_grad_buffers",
                py::reinterpret_steal<py::object>(
                    PyCFunction_New(&input_grad_buffers_def, nullptr)));
+  m.def(
+      "explain_input_grad_buffers",
+      [](py::handle ctx) {
+        return torch_ctxext::explain_input_grad_buffers(ctx.ptr());
+      },
+      py::arg("ctx"));
+  m.attr("provides_boxed_grads") = torch_ctxext::kProvidesBoxedGrads;
+  m.def(
+      "install_boxed_grads_path",
+      [](py::handle ctx, py::handle entry) {
+        torch_ctxext::install_boxed_grads_path(ctx.ptr(), entry.ptr());
+      },
+      py::arg("sample_ctx"), py::arg("entry"));
   m.def(
       "explain_input_grad_buffers",
       [](py::handle ctx) {

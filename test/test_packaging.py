@@ -94,7 +94,7 @@ def test_an_unsupported_torch_is_refused_at_import_naming_the_supported_releases
         """
     )
     assert result.returncode != 0
-    assert "ImportError: torch_ctxext supports torch 2.13 to 2.15, but torch 2.11.0 is installed" in result.stderr
+    assert "ImportError: torch_ctxext supports torch 2.12 to 2.15, but torch 2.11.0 is installed" in result.stderr
 
 
 needs_extension = pytest.mark.skipif(

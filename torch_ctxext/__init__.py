@@ -5,7 +5,7 @@ members of the contract the running torch lacks, and nothing else: members
 torch provides natively stay untouched. :func:`features` says who provides
 what.
 """
-from torch.autograd.function import FunctionCtx
+from torch.autograd.function import BackwardCFunction, FunctionCtx
 
 from . import _features
 from ._features import features
@@ -23,3 +23,7 @@ if not hasattr(FunctionCtx, "set_output_grad_dtype"):
     from . import _extension, _output_grad_dtype
 
     _output_grad_dtype.install(_extension.load())
+if not hasattr(BackwardCFunction, "apply_boxed"):
+    from . import _boxed_grads, _extension
+
+    _boxed_grads.install(_extension.load())

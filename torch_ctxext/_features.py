@@ -15,7 +15,7 @@ MEMBERS = (
     "set_materialize_grads",
     "set_output_grad_dtype",
 )
-SUPPORTED_RANGE = ((2, 13), (2, 15))
+SUPPORTED_RANGE = ((2, 12), (2, 15))
 
 def torch_release(version=None):
     """(major, minor) of a torch version string such as '2.13.0+cpu'."""
@@ -35,6 +35,9 @@ def check_supported_torch():
 
 
 _NATIVE = {}
+# Members torch_ctxext replaced although torch had them (torch 2.12's
+# BackwardCFunction.apply, which cannot box grads).
+PROVIDED = set()
 
 
 def record_native():
@@ -60,7 +63,9 @@ def features():
     result = {}
     for name in MEMBERS:
         owner = BackwardCFunction if name.startswith("apply") else FunctionCtx
-        if _NATIVE.get(name):
+        if name in PROVIDED:
+            result[name] = "torch_ctxext"
+        elif _NATIVE.get(name):
             result[name] = "native"
         elif hasattr(owner, name):
             result[name] = "torch_ctxext"

@@ -3,6 +3,7 @@
 Only torch, pytest, hypothesis and expecttest may be used here: the suite runs
 against bare torch and never imports the project.
 """
+import re
 
 import torch
 from hypothesis import strategies as st
@@ -37,3 +38,9 @@ def make_tensor(shape, dtype, seed, requires_grad=False, low=-2.0, high=2.0):
 def tensor_specs(draw, shapes=small_shapes, dtypes=float_dtypes):
     """Draw (shape, dtype, seed)."""
     return draw(shapes), draw(dtypes), draw(seeds)
+
+
+def node_named(message):
+    """The error text with the custom node's name as torch >= 2.13 prints it
+    (torch 2.12 appends "Backward": "output 0 of InplaceBackward")."""
+    return re.sub(r"output (\d+) of (\w+?)Backward,", r"output \1 of \2,", message)

@@ -12,9 +12,9 @@ from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
 try:
-    from ._helpers import make_tensor, tensor_specs
+    from ._helpers import make_tensor, node_named, tensor_specs
 except ImportError:
-    from _helpers import make_tensor, tensor_specs
+    from _helpers import make_tensor, node_named, tensor_specs
 
 
 class DoubleInPlaceForward(Function):
@@ -91,7 +91,7 @@ def test_docstring_example_mark_dirty_inplace():
         b.backward()  # RuntimeError: one of the variables needed for gradient
         #               computation has been modified by an inplace operation
     expecttest.assert_expected_inline(
-        str(e.value),
+        node_named(str(e.value)),
         """one of the variables needed for gradient computation has been modified by an inplace operation: [torch.DoubleTensor []], which is output 0 of Inplace, is at version 1; expected version 0 instead. Hint: enable anomaly detection to find the operation that failed to compute its gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).""",
     )
 
