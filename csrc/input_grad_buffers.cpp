@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/input_buffer.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -184,9 +185,28 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
       consumers[i] = node->next_edge(edge_index++).function.get();
     }
   }
+  // (buffer, slot) -> the first argument that reached it
+  std::vector<std::pair<std::pair<InputBuffer*, size_t>, size_t>> seen;
   for_each_slot(ctx, node, task, [&](size_t i, SlotState state,
                                      InputBuffer* buffer, size_t pos) {
     auto& reason = reasons[i];
+    if (state == SlotState::kFilled) {
+      const std::pair<InputBuffer*, size_t> key{buffer, pos};
+      auto first = std::find_if(seen.begin(), seen.end(),
+                                [&](const auto& s) { return s.first == key; });
+      if (first != seen.end()) {
+        // f(x, x): the getter hands the slot to the first argument only.
+        const auto& earlier = reasons[first->second];
+        reason = earlier.first == "exposed"
+            ? std::make_pair(std::string("same_slot"),
+                             "the same gradient slot as argument " +
+                                 std::to_string(first->second) +
+                                 ", which gets the buffer")
+            : earlier;
+        return;
+      }
+      seen.push_back({key, i});
+    }
     switch (state) {
       case SlotState::kNotATensor:
         reason = {"not_a_tensor", "the argument is not a tensor"};

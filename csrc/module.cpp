@@ -129,6 +129,18 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("ctx"));
   m.def(
+      "make_apply",
+      [](py::handle original, py::handle resolver) {
+        PyObject* fn = torch_ctxext::make_apply(original.ptr(), resolver.ptr());
+        if (fn == nullptr) {
+          throw py::error_already_set();
+        }
+        return py::reinterpret_steal<py::object>(fn);
+      },
+      py::arg("original"), py::arg("resolver"));
+  m.def("apply_depth", &torch_ctxext::current_apply_depth);
+  m.def("note_declaration", &torch_ctxext::note_declaration);
+  m.def(
       "set_output_grad_dtype",
       [](py::handle ctx, size_t index, py::handle dtype) {
         torch_ctxext::set_output_grad_dtype(ctx.ptr(), index,

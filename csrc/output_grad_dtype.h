@@ -21,4 +21,16 @@ std::vector<bool> differentiable_outputs(PyObject* ctx);
 void set_output_grad_dtype(PyObject* ctx, size_t index,
                            std::optional<at::ScalarType> dtype);
 
+// A replacement for Function.apply (to wrap in classmethod): calls
+// `original(cls, *args, **kwargs)`; when set_output_grad_dtype was called
+// meanwhile on this thread, then calls `resolver(depth, output, ok)` with the
+// depth of this apply (ok False, output None when apply raised).
+PyObject* make_apply(PyObject* original, PyObject* resolver);
+
+// How many Function.apply calls are running on this thread.
+int current_apply_depth();
+
+// Record that a declaration was made on this thread.
+void note_declaration();
+
 }  // namespace torch_ctxext

@@ -10,7 +10,7 @@ from torch.autograd.function import BackwardCFunction, FunctionCtx
 from . import _features
 from ._features import features
 
-__all__ = ["features"]
+__all__ = ["explain", "features", "testing"]
 __version__ = "0.1.0"
 
 _features.check_supported_torch()
@@ -27,3 +27,6 @@ if not hasattr(BackwardCFunction, "apply_boxed"):
     from . import _boxed_grads, _extension
 
     _boxed_grads.install(_extension.load())
+
+from . import testing  # noqa: E402  (check_function, after the patches above)
+from ._explain import explain  # noqa: E402

@@ -2,9 +2,9 @@
 
 The declaration is made in ``forward`` or ``setup_context``, before the outputs
 exist in the graph; it takes effect once ``Function.apply`` has wrapped them.
-``Function.apply`` is therefore wrapped to apply the pending declarations of
-the ctx it created. A Function that never declares pays for one thread-local
-read per call.
+``Function.apply`` is therefore wrapped (in C: csrc/output_grad_dtype.cpp) to
+apply the pending declarations of the ctx it created. A Function that never
+declares pays for two C thread-local updates per call.
 
 Where torch 2.15 breaks its own documented contract, this keeps the contract
 (see docs/deviations.md):
@@ -24,16 +24,15 @@ from torch.autograd.function import Function, FunctionCtx
 CALLED_TWICE_ERROR = "set_output_grad_dtype can only be called once"
 
 
-class _ApplyState(threading.local):
-    """Per thread: how many Function.apply calls are running, and the ctx
-    objects that declared dtypes during them."""
+class _Pending(threading.local):
+    """Per thread: (apply depth, ctx) of the declarations made during the
+    Function.apply calls still running."""
 
     def __init__(self):
-        self.depth = 0
         self.ctxs = []
 
 
-_state = _ApplyState()
+_pending = _Pending()
 _C = None
 
 
@@ -93,8 +92,8 @@ def _set_output_grad_dtype(self, *dtypes):
     (Contract text of torch 2.15, BSD-3-Clause, (c) PyTorch contributors;
     provided on this torch by torch_ctxext.)
     """
-    state = _state
-    if state.depth == 0 or (
+    depth = _C.apply_depth()
+    if depth == 0 or (
         isinstance(self, torch._C._FunctionBase) and _C.differentiable_outputs(self)
     ):
         raise RuntimeError(
@@ -107,7 +106,8 @@ def _set_output_grad_dtype(self, *dtypes):
     if getattr(self, "output_grad_dtypes", None) is not None:
         raise RuntimeError(CALLED_TWICE_ERROR)
     self.output_grad_dtypes = dtypes
-    state.ctxs.append(self)
+    _pending.ctxs.append((depth, self))
+    _C.note_declaration()
 
 
 def _is_differentiable_dtype(dtype):
@@ -228,30 +228,16 @@ def _cast_on_entry(ctx, dtypes):
         ctx.apply_boxed = _CastingApply(ctx, dtypes, "apply_boxed")
 
 
-def _make_apply(original_apply):
-    def apply(cls, *args, **kwargs):
-        state = _state
-        pending = state.ctxs
-        mark = len(pending)
-        state.depth += 1
-        try:
-            output = original_apply(cls, *args, **kwargs)
-        except BaseException:
-            del pending[mark:]
-            raise
-        finally:
-            state.depth -= 1
-        if len(pending) > mark:
-            ctxs = pending[mark:]
-            del pending[mark:]
-            for ctx in ctxs:
-                _apply_declarations(ctx, output)
-        return output
-
-    apply.__doc__ = original_apply.__doc__
-    apply.__wrapped__ = original_apply
-    apply._torch_ctxext_wrapper = True
-    return apply
+def _resolve(depth, output, ok):
+    """Called by the C apply wrapper after a Function.apply at ``depth`` during
+    which a declaration was made: apply the declarations of the ctx it created
+    (or, when apply raised, drop them)."""
+    pending = _pending.ctxs
+    mine = [ctx for d, ctx in pending if d == depth]
+    pending[:] = [(d, ctx) for d, ctx in pending if d != depth]
+    if ok:
+        for ctx in mine:
+            _apply_declarations(ctx, output)
 
 
 def install(ext):
@@ -259,6 +245,10 @@ def install(ext):
     _C = ext
     FunctionCtx.output_grad_dtypes = None
     FunctionCtx.set_output_grad_dtype = _set_output_grad_dtype
-    original = Function.__dict__["apply"]
-    if not getattr(original.__func__, "_torch_ctxext_wrapper", False):
-        Function.apply = classmethod(_make_apply(original.__func__))
+    original = Function.__dict__["apply"].__func__
+    if getattr(original, "__name__", "") == "apply" and not isinstance(
+        original, type(len)
+    ):  # not wrapped yet (the wrapper is a builtin)
+        wrapped = ext.make_apply(original, _resolve)
+        Function.apply = classmethod(wrapped)
+        Function._torch_ctxext_original_apply = original
