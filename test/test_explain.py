@@ -1,0 +1,371 @@
+"""torch_ctxext.explain: why an entry of ctx.input_grad_buffers is None.
+
+Every reason explain() can give is produced here by building the situation.
+Not built: ``other_stream`` (needs an accelerator with streams; these tests
+run on CPU) and ``nested`` (a strided nested tensor cannot be an argument of
+a custom Function: apply raises "NestedTensorImpl doesn't support sizes"; a
+jagged one is a tensor subclass and is reported as ``subclass``, tested).
+"""
+import threading
+
+import pytest
+import torch
+from torch.autograd.function import FunctionCtx
+from torch.utils._pytree import tree_map
+
+import torch_ctxext
+from torch_ctxext._explain import explain
+
+BACKPORT = torch_ctxext.features()["input_grad_buffers"] == "torch_ctxext"
+needs_extension = pytest.mark.skipif(
+    not BACKPORT,
+    reason="detailed reasons come from torch_ctxext's C++ extension (torch 2.13/2.14); "
+    "this torch provides input_grad_buffers natively and the extension is not loaded",
+)
+native_only = pytest.mark.skipif(BACKPORT, reason="what explain() says without the extension")
+
+
+class Probe(torch.autograd.Function):
+    """Sum of its tensor arguments; its backward records explain(ctx) before
+    reading ctx.input_grad_buffers, after reading it (still holding the
+    tuple) and with the tuple passed as buffers=; it fuses where it can."""
+
+    seen = {}
+
+    @staticmethod
+    def forward(ctx, *args):
+        return sum(a for a in args if isinstance(a, torch.Tensor)) * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        seen = Probe.seen
+        seen["before"] = explain(ctx)
+        buffers = ctx.input_grad_buffers
+        seen["read"] = tuple(b is not None for b in buffers)
+        if BACKPORT:
+            seen["holding"] = explain(ctx)
+        seen["passed"] = explain(ctx, buffers=buffers)
+        grads = []
+        for need, b in zip(ctx.needs_input_grad, buffers):
+            if b is not None:
+                b.add_(g)
+                grads.append(None)
+            else:
+                grads.append(g if need else None)
+        return tuple(grads)
+
+
+class Produce(torch.autograd.Function):
+    """Identity whose backward hands ``make(g)`` to x: the gradient another
+    consumer puts in the buffer."""
+
+    @staticmethod
+    def forward(ctx, x, make):
+        ctx.make = make
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.make(g), None
+
+
+class Wrapper(torch.Tensor):
+    """A minimal __torch_dispatch__ subclass (a plain as_subclass tensor is no
+    subclass to the engine: it has no Python dispatch key)."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, dtype=elem.dtype, device=elem.device, strides=elem.stride()
+        )
+        r.elem = elem
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        unwrap = lambda t: t.elem if isinstance(t, Wrapper) else t  # noqa: E731
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+
+
+def leaves(n=3, k=2):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.rand(n, generator=gen).requires_grad_() for _ in range(k)]
+
+
+def run(build, **backward_kwargs):
+    Probe.seen = {}
+    build().backward(**backward_kwargs)
+    return Probe.seen
+
+
+C = torch.rand(3)
+
+
+# --- inside a backward: explain(ctx), with the extension -------------------------
+
+
+@needs_extension
+def test_exposed_and_no_earlier_producer():
+    x, z = leaves()
+    seen = run(lambda: Probe.apply(x, z).sum() + (x * C).sum())
+    before = seen["before"]
+    assert before.codes == ("exposed", "no_earlier_producer")
+    assert before[0].exposed and not before[1].exposed
+    assert "no earlier producer" in before[1].text
+    assert "consumers of the input created after this Function" in before[1].text
+    assert seen["read"] == (True, False)
+    assert "[1] None: no earlier producer" in str(before)
+    assert str(before).startswith("ctx.input_grad_buffers of Probe:")
+    torch.testing.assert_close(x.grad, torch.ones(3) + C)
+
+
+@needs_extension
+def test_not_a_tensor_argument():
+    x, _ = leaves()
+    seen = run(lambda: Probe.apply(x, 3).sum())
+    assert seen["before"][1].code == "not_a_tensor"
+    assert seen["before"][1].text == "None: not a tensor argument"
+
+
+@needs_extension
+def test_does_not_require_grad():
+    x, _ = leaves()
+    seen = run(lambda: Probe.apply(x, C).sum())
+    assert seen["before"][1].code == "no_gradient"
+    assert "does not require grad" in seen["before"][1].text
+
+
+@needs_extension
+def test_not_needed_by_this_backward():
+    x, z = leaves()
+    seen = run(lambda: Probe.apply(x, z).sum() + (x * C).sum(), inputs=[z])
+    assert seen["before"][0].code == "not_needed"
+    assert "backward(inputs=...)" in seen["before"][0].text
+
+
+@needs_extension
+def test_not_dense_expanded_gradient_of_sum():
+    x, z = leaves()
+    seen = run(lambda: Probe.apply(x, z).sum() + x.sum())
+    assert seen["before"][0].code == "not_dense"
+    assert "not dense (expanded, overlapping)" == seen["before"][0].label
+
+
+@needs_extension
+def test_shared_with_another_tensor_names_the_owner_count():
+    x, z = leaves()
+    # add hands one gradient tensor to both of its inputs
+    seen = run(lambda: Probe.apply(x, z).sum() + ((x + z) * C).sum())
+    reason = seen["before"][0]
+    assert reason.code == "shared" and reason.owners == 1
+    assert reason.label == "shared with another tensor (1 other owner)"
+    assert "shared with another tensor (1 other owner:" in reason.text
+
+
+@needs_extension
+def test_storage_shared_views_of_one_storage():
+    x, z = leaves()
+    seen = run(lambda: Probe.apply(x, z).sum() + (torch.stack([x, z]) * C).sum())
+    reason = seen["before"][0]
+    assert reason.code == "storage_shared" and reason.owners == 2
+    assert "storage is shared with another tensor (2 other owners" in reason.text
+
+
+@needs_extension
+def test_a_subclass_gradient():
+    x, z = leaves()
+    seen = run(lambda: Probe.apply(x, z).sum() + Produce.apply(x, lambda g: Wrapper(g * 1)).sum())
+    assert seen["before"][0].code == "subclass"
+    assert seen["before"][0].label == "a subclass"
+
+
+@needs_extension
+def test_a_jagged_nested_tensor_is_a_subclass():
+    nt = torch.nested.nested_tensor(
+        [torch.rand(2), torch.rand(3)], layout=torch.jagged, requires_grad=True
+    )
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            Probe.seen["before"] = explain(ctx)
+            return g * 2
+
+    Probe.seen = {}
+    y = Twice.apply(nt)
+    z = nt * 3
+    (y.values().sum() + z.values().sum()).backward()
+    assert Probe.seen["before"].codes == ("subclass",)
+
+
+@needs_extension
+def test_a_zero_tensor_gradient():
+    x, z = leaves()
+    seen = run(
+        lambda: Probe.apply(x, z).sum()
+        + Produce.apply(x, lambda g: torch._efficientzerotensor(g.shape)).sum()
+    )
+    assert seen["before"][0].code == "zero_tensor"
+    assert seen["before"][0].label == "a zero tensor"
+
+
+@needs_extension
+def test_same_slot_through_two_arguments():
+    x, _ = leaves()
+    seen = run(lambda: Probe.apply(x, x).sum() + (x * C).sum())
+    assert seen["before"].codes == ("exposed", "same_slot")
+    assert seen["read"] == (True, False)
+    assert "same gradient slot as argument 0" in seen["before"][1].text
+    assert seen["holding"].codes == ("shared", "same_slot")  # read, still held
+    assert seen["passed"].codes == ("exposed", "same_slot")
+    torch.testing.assert_close(x.grad, 2 * torch.ones(3) + C)
+
+
+@needs_extension
+def test_after_reading_a_held_buffer_counts_as_an_owner_and_the_text_says_so():
+    x, z = leaves()
+    seen = run(lambda: Probe.apply(x, z).sum() + (x * C).sum())
+    holding = seen["holding"][0]
+    assert holding.code == "shared" and holding.owners == 1
+    assert "call torch_ctxext.explain(ctx) before reading" in holding.text
+    # Passing what was read gives the right answer.
+    assert seen["passed"].codes == ("exposed", "no_earlier_producer")
+
+
+# --- without the extension (native torch 2.15) --------------------------------------
+
+
+@native_only
+def test_native_exposed_same_slot_and_unknown():
+    x, z = leaves()
+    seen = run(lambda: Probe.apply(x, z).sum() + (x * C).sum())
+    assert seen["before"].codes == ("exposed", "unknown")
+    assert "needs" not in seen["before"][0].text
+    assert "only with its C++ extension (torch 2.13/2.14)" in seen["before"][1].text
+    seen = run(lambda: Probe.apply(x, x).sum() + (x * C).sum())
+    assert seen["before"].codes == ("exposed", "same_slot")
+    assert seen["passed"].codes == ("exposed", "same_slot")
+
+
+@native_only
+def test_native_not_a_tensor_no_gradient_not_needed():
+    x, z = leaves()
+    assert run(lambda: Probe.apply(x, 3).sum())["before"][1].code == "not_a_tensor"
+    assert run(lambda: Probe.apply(x, C).sum())["before"][1].code == "no_gradient"
+    assert run(lambda: Probe.apply(x, C, 3).sum())["before"].codes[1:] == (
+        "no_gradient_or_not_a_tensor",
+        "no_gradient_or_not_a_tensor",
+    )
+    seen = run(lambda: Probe.apply(x * 1, z).sum(), inputs=[z])
+    assert seen["before"][0].code == "not_needed"
+
+
+# --- both ---------------------------------------------------------------------------
+
+
+def test_explain_outside_backward_raises_like_the_property():
+    x, _ = leaves()
+    y = Probe.apply(x, 3)
+    with pytest.raises(RuntimeError, match="only be accessed while autograd is executing backward"):
+        explain(y.grad_fn)
+
+
+def test_buffers_without_ctx_is_refused():
+    with pytest.raises(TypeError):
+        explain(buffers=(None,))
+
+
+# --- around a backward: with explain() as report -------------------------------------
+
+
+class Fused(torch.autograd.Function):
+    """x * w, fusing x's gradient when it can."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        x_buffer, _ = ctx.input_grad_buffers
+        if x_buffer is not None:
+            x_buffer.addcmul_(g, w)
+            return None, None
+        return g * w, None
+
+
+def test_report_counts_exposed_and_fallbacks_per_function():
+    x, w = leaves()
+    prop = FunctionCtx.__dict__["input_grad_buffers"]
+    with explain() as report:
+        assert FunctionCtx.__dict__["input_grad_buffers"] is not prop
+        (Fused.apply(x, w.detach()).sum() + (x * C).sum()).backward()  # exposed
+        Fused.apply(x, w.detach()).sum().backward()  # no earlier producer
+        (Fused.apply(x, w.detach()).sum() + x.sum()).backward()  # not dense
+    assert FunctionCtx.__dict__["input_grad_buffers"] is prop
+    stats = report[Fused]
+    assert (stats.reads, stats.exposed, stats.fell_back, stats.not_applicable) == (3, 1, 2, 3)
+    assert report.exposed == 1 and report.fell_back == 2
+    assert stats.reasons["does not require grad"] == 3
+    if BACKPORT:
+        assert stats.reasons["no earlier producer"] == 1
+        assert stats.reasons["not dense (expanded, overlapping)"] == 1
+        assert "no earlier producer" in str(report)
+    else:
+        assert stats.reasons["None (reason needs torch_ctxext's extension)"] == 2
+    text = str(report)
+    assert text.startswith("input_grad_buffers, per Function:")
+    assert "Fused: 3 read(s), 1 exposed, 2 fell back" in text
+
+
+def test_report_explanation_is_taken_before_the_read():
+    # Inside the block the reasons are computed before the getter hands the
+    # buffer out, so an exposed entry is never reported as shared.
+    x, z = leaves()
+    with explain() as report:
+        run(lambda: Probe.apply(x, z).sum() + (x * C).sum())
+    assert report[Probe].exposed == 1
+    assert report[Probe].reads == 1  # explain(ctx)'s own reads are not counted
+    assert all("shared" not in label for label in report[Probe].reasons)
+
+
+def test_nested_blocks_and_restore_on_error():
+    x, w = leaves()
+    prop = FunctionCtx.__dict__["input_grad_buffers"]
+    with explain() as outer:
+        with pytest.raises(ValueError):
+            with explain() as inner:
+                (Fused.apply(x, w.detach()).sum() + (x * C).sum()).backward()
+                raise ValueError
+        assert FunctionCtx.__dict__["input_grad_buffers"] is not prop  # outer still active
+        Fused.apply(x, w.detach()).sum().backward()
+    assert FunctionCtx.__dict__["input_grad_buffers"] is prop
+    assert inner[Fused].reads == 1 and outer[Fused].reads == 2
+    assert Fused not in explain().report  # a fresh session is empty
+
+
+def test_reads_on_other_threads_are_counted():
+    x, w = leaves()
+
+    def work():
+        (Fused.apply(x, w.detach()).sum() + (x * C).sum()).backward()
+
+    with explain() as report:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert report[Fused].reads == 4 and report[Fused].exposed == 4
+
+
+def test_an_empty_report_says_so():
+    with explain() as report:
+        pass
+    assert str(report) == "input_grad_buffers: no Function read ctx.input_grad_buffers"
