@@ -1,0 +1,390 @@
+"""Run every benchmark and regenerate the benchmarks page and its figures.
+
+    python benchmarks/run_all.py --torch-2-15 PY215 [--out docs] [--quick]
+                                 [--torch-2-13 PY213] [--json FILE]
+    python benchmarks/run_all.py --from-json docs/benchmarks.json [--out docs]
+
+Measures with benchmarks/bench.py (worker processes alternated side by side,
+see its docstring), then writes
+
+    OUT/benchmarks.md          the page (Markdown tables; never edit by hand)
+    OUT/img/bench_*.png        the figures it shows
+    OUT/benchmarks.json        the raw results
+
+The interpreter running this script draws the figures, so it needs
+matplotlib; by default it is also the torch 2.13 side (torch 2.13 with
+torch_ctxext importable: the source tree's if it is built in place, else the
+installed one).
+The docs environment has both:
+
+    ~/.cache/torch_ctxext/venv-docs/bin/python benchmarks/run_all.py \\
+        --torch-2-15 ~/.cache/torch_ctxext/venv-2.15.0/bin/python
+
+The full run takes 3 to 5 minutes on 2 cores; ``--quick`` (a smoke run for
+CI, under a minute) measures a smaller grid with fewer rounds and, unless
+--out is given, writes into a temporary directory rather than docs/.
+``--from-json`` measures nothing and redraws the page and figures from the
+raw results of an earlier run (to change the presentation, not the numbers).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import bench  # noqa: E402
+
+IMG = "img"
+FIGURES = {
+    "overhead": "bench_overhead.png",
+    "time": "bench_fused_time.png",
+    "memory": "bench_fused_memory.png",
+}
+COLORS = {"backport": "#1f77b4", "native": "#ff7f0e"}
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit(
+            "run_all.py draws figures and needs matplotlib in the interpreter that "
+            "runs it: use the docs environment (see requirements-docs.txt), e.g. "
+            "~/.cache/torch_ctxext/venv-docs/bin/python benchmarks/run_all.py ..."
+        )
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(row):
+    return f"B={row['B']}\nD={row['D']}\nN={row['N']}"
+
+
+def plot_overhead(results, path, plt):
+    rows = []
+    if "idle" in results:
+        idle = results["idle"]
+        rows += [
+            ("idle: process with / without\nimport torch_ctxext", idle["with_import"]),
+            ("idle, one process: apply wrapper /\noriginal Function.apply", idle["in_process"]),
+            ("idle: with import, guard installed /\nwithout import", idle["with_guard"]),
+        ]
+    if "read" in results and "backport_over_native" in results["read"]:
+        rows.append(
+            ("read ctx.input_grad_buffers:\n2.13 + torch_ctxext / native 2.15",
+             results["read"]["backport_over_native"])
+        )
+    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.75 * len(rows)))
+    ys = list(range(len(rows)))[::-1]
+    for y, (name, s) in zip(ys, rows):
+        ax.barh(y, s["ratio"], color="#1f77b4", height=0.55)
+        ax.errorbar(
+            s["ratio"], y, xerr=[[s["ratio"] - s["p10"]], [s["p90"] - s["ratio"]]],
+            color="black", capsize=3, lw=1,
+        )
+        ax.text(max(s["p90"], s["ratio"]) + 0.01, y, f"{s['ratio']:.3f}", va="center", fontsize=9)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([name for name, _ in rows], fontsize=8)
+    ax.axvline(1.0, color="black", lw=0.8)
+    if "idle" in results:
+        ax.axvline(1.02, color="red", lw=0.8, ls="--", label="idle target 1.02")
+        ax.legend(loc="lower right", fontsize=8)
+    lo = min(s["p10"] for _, s in rows)
+    hi = max(s["p90"] for _, s in rows)
+    ax.set_xlim(min(0.5, lo - 0.05), max(1.15, hi + 0.1))
+    ax.set_xlabel("ratio (median of per-round ratios; bars: 10th–90th percentile)")
+    ax.set_title("Overhead, measured side by side", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _grouped_bars(ax, rows, sides, value, err=None):
+    width = 0.8 / len(sides)
+    for i, side in enumerate(sides):
+        xs = [k + (i - (len(sides) - 1) / 2) * width for k in range(len(rows))]
+        vals = [value(r[side]) for r in rows]
+        kwargs = {}
+        if err:
+            kwargs["yerr"] = [
+                [v - err(r[side])[0] for v, r in zip(vals, rows)],
+                [err(r[side])[1] - v for v, r in zip(vals, rows)],
+            ]
+            kwargs["capsize"] = 2
+        ax.bar(xs, vals, width, label=bench.SIDE_NAMES[side], color=COLORS[side], **kwargs)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([_label(r) for r in rows], fontsize=7)
+
+
+def plot_fused_time(results, path, plt):
+    rows = results["fused"]
+    sides = [s for s in ("backport", "native") if s in rows[0]]
+    fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(rows) + 1.5), 3.6))
+    _grouped_bars(
+        ax, rows, sides, lambda r: r["time_ratio"],
+        err=lambda r: (min(r["time_ratio_min"], r["time_ratio"]), max(r["time_ratio_max"], r["time_ratio"])),
+    )
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel("backward time, fused / unfused")
+    ax.set_title(
+        "Weight shared by N micro-batches: addmm_ into ctx.input_grad_buffers vs returning x.t() @ g",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8, loc="upper right", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_fused_memory(results, path, plt):
+    rows = results["fused"]
+    sides = [s for s in ("backport", "native") if s in rows[0]]
+    fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(rows) + 1.5), 3.6))
+    _grouped_bars(ax, rows, sides, lambda r: r["peak_ratio"])
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylim(0, 1.35)
+    ax.set_ylabel("backward peak (allocator), fused / unfused")
+    ax.set_title("Peak memory of the backward (CPU allocator events via torch.profiler)", fontsize=9)
+    ax.legend(fontsize=8, loc="upper right", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _geomean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def verdicts(results):
+    lines = []
+    if "idle" in results:
+        for key, what in (("with_import", "process with / without import"),
+                          ("in_process", "in one process, wrapper / original apply")):
+            r = results["idle"][key]["ratio"]
+            ok = "within" if r <= 1.02 else "**outside**"
+            lines.append(f"* Idle cost, {what}: {r:.3f}, {ok} the 2% target.")
+    if "fused" in results:
+        rows = results["fused"]
+        if "native" in rows[0]:
+            rel = _geomean([r["backport"]["time_ratio"] / r["native"]["time_ratio"] for r in rows])
+            lines.append(
+                "* Fused speed-up against native: geometric mean over the grid of "
+                "(fused/unfused on 2.13 + torch_ctxext) / (fused/unfused on native 2.15) = "
+                f"{rel:.2f} (1.00 = the same speed-up)."
+            )
+        sides = [s for s in ("backport", "native") if s in rows[0]]
+        savings = [r[s]["peak_saving_grads"] for r in rows for s in sides]
+        exact = all(abs(v - 1.0) < 0.01 for v in savings)
+        lines.append(
+            "* Peak memory: fused is lower than unfused by "
+            + ("exactly one gradient-sized temporary (D × D × 4 bytes) in every "
+               "configuration, on both sides." if exact else
+               f"{min(savings):.2f} to {max(savings):.2f} gradients (target: 1).")
+        )
+    return "\n".join(lines)
+
+
+def _origin(info):
+    path = info.get("torch_ctxext_file", "")
+    root = os.path.dirname(HERE)
+    if path.startswith(root + os.sep):
+        return "source tree, built in place"
+    return "installed" if path else "?"
+
+
+def _worker_versions(results):
+    w = results["workers"]
+    rows = []
+    side = w.get("backport") or w.get("idle-with")
+    if side:
+        rows.append(
+            f"| torch 2.13 side | torch {side['torch']} (git {side['torch_git'][:12]}), "
+            f"Python {side['python']}, torch_ctxext {side.get('torch_ctxext', '?')} "
+            f"({_origin(side)}; checkout {results['machine']['git_commit']}) |"
+        )
+    if "native" in w:
+        n = w["native"]
+        rows.append(
+            f"| native side | torch {n['torch']} (git {n['torch_git'][:12]}), Python {n['python']}, "
+            "torch_ctxext not imported |"
+        )
+    return rows
+
+
+METHOD = """\
+* **Side by side.** Each side is a long-lived worker process (`bench.py --worker`)
+  that imports torch once, uses one intra-op thread, and answers requests. The
+  same request goes to every worker in turn, round after round, rotating which
+  goes first, so load on the machine hits all sides alike; every ratio is
+  formed round by round from measurements taken seconds apart, and the page
+  shows the median of those per-round ratios (10th–90th percentile in
+  parentheses). Within a round each side keeps the smallest of its samples
+  (other load only ever adds time).
+* **Idle.** Forward + backward of a 16-element custom Function that uses no
+  new feature (`save_for_backward`, `x * 2`), µs per step. Three processes of
+  the same torch 2.13 environment: without `import torch_ctxext`, with it, and
+  with it after one buffer was handed out (which installs the reentrancy guard
+  on `backward`/`grad`). The in-process row alternates, in the process that
+  imported torch_ctxext, samples through its `Function.apply` wrapper (the only
+  per-call cost of the import) and through the original `Function.apply`.
+* **Read.** µs per read of `ctx.input_grad_buffers` inside one backward, two
+  entries exposed each time; torch 2.13 + torch_ctxext vs native torch 2.15.
+* **Fused.** A weight `w` (D × D) shared by N micro-batches `x_i` (B × D):
+  `y_i = Linear.apply(x_i, w)`, then `torch.autograd.backward(ys, gs)` with
+  dense output gradients. *Unfused* returns `x.t() @ g` for `w`; *fused*
+  reads `ctx.input_grad_buffers` and, when `w`'s buffer is there, does
+  `w_buffer.addmm_(x.t(), g)` and returns `None` (the first micro-batch to
+  run finds no buffer and returns its gradient). Backward time only; the two
+  variants alternate within each worker (several repeats per request, of
+  which each keeps its fastest), both workers alternate per round; the ratio
+  is the median over rounds of fastest fused / fastest unfused, the range is
+  over rounds, the ms columns are medians over rounds.
+* **Peak memory (allocator).** Each variant's backward runs once more under
+  `torch.profiler.profile(activities=[ProfilerActivity.CPU], profile_memory=True)`,
+  started after the forward. The CPU allocator reports every allocation and
+  free made while profiling (c10's `ProfiledCPUMemoryReporter`); the
+  allocation events (`_ExtraFields_Allocation`, device CPU) from
+  `prof.profiler.kineto_results.experimental_event_tree()` are ordered by
+  time and their signed sizes summed to a running total; its maximum is the
+  peak: bytes allocated during the backward and not yet freed. Nothing that
+  existed before the backward is freed during it (inputs, weight and output
+  gradients are held by the benchmark), so this is the backward's peak above
+  its starting point. It is deterministic, so one profiled run per variant
+  and side suffices. Expected: unfused holds the accumulated buffer plus one
+  fresh `x.t() @ g` (2 gradients), fused only the buffer (1 gradient).
+"""
+
+
+def render_page(results, command):
+    m = results["machine"]
+    la0 = m.get("load_average_at_start")
+    la1 = m.get("load_average_at_end")
+    load = (
+        f"{la0[0]:.2f} / {la1[0]:.2f}" if la0 and la1 else "unknown"
+    )
+    lines = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by benchmarks/run_all.py; do not edit by hand, rerun it. -->",
+        "",
+        f"Generated by `{command}` (one run, {results['seconds']:.0f} s; raw results in "
+        "`docs/benchmarks.json`). Every figure is a ratio of measurements taken side by "
+        "side in that run; ratios, not absolute times, are what carry over between machines.",
+        "",
+    ]
+    if results["quick"]:
+        lines += [
+            "**This is a `--quick` smoke run: a reduced grid and few rounds. "
+            "Do not publish these numbers.**",
+            "",
+        ]
+    lines += [
+        "## Machine and versions",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| CPU | {m['cpu_count']} × {m['cpu_model']} (`os.cpu_count()`; model from /proc/cpuinfo), "
+        f"{m.get('cpus_usable', '?')} usable |",
+        f"| load average (1 min) at start / end | {load} |",
+        *_worker_versions(results),
+        "| threads | 1 intra-op thread per worker (`torch.set_num_threads(1)`) |",
+        f"| date | {results['date']} |",
+        "",
+        "## Summary",
+        "",
+        verdicts(results),
+        "",
+    ]
+    if "idle" in results or "read" in results:
+        lines += [
+            "## Overhead: idle cost and reading the buffers",
+            "",
+            f"![Overhead ratios]({IMG}/{FIGURES['overhead']})",
+            "",
+            bench.overhead_table(results),
+            "",
+        ]
+    if "fused" in results:
+        lines += [
+            "## Fused gradient accumulation",
+            "",
+            f"![Backward time ratio, fused / unfused]({IMG}/{FIGURES['time']})",
+            "",
+            f"![Backward peak memory ratio, fused / unfused]({IMG}/{FIGURES['memory']})",
+            "",
+            "Backward time (ms, fused / unfused: median over rounds of the fastest repeat) and the ratio, with its range over rounds; "
+            "lower is better:",
+            "",
+            bench.fused_tables(results).split("\n\n")[0],
+            "",
+            "Backward peak from the allocator (method below): unfused → fused, and the saving "
+            "in units of one gradient of `w` (D × D float32):",
+            "",
+            bench.fused_tables(results).split("\n\n")[1],
+            "",
+        ]
+    lines += ["## How it is measured", "", METHOD]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Run every benchmark; write OUT/benchmarks.md and OUT/img/bench_*.png."
+    )
+    parser.add_argument("--torch-2-15", metavar="PYTHON",
+                        help="python of a native torch 2.15 environment (required unless --from-json)")
+    parser.add_argument("--torch-2-13", metavar="PYTHON",
+                        help="python of the torch 2.13 environment (default: this one)")
+    parser.add_argument("--out", help="docs directory to write into (default: docs; "
+                        "with --quick a temporary directory)")
+    parser.add_argument("--quick", action="store_true", help="smoke run for CI (under a minute)")
+    parser.add_argument("--json", metavar="FILE", help="also write the raw results here")
+    parser.add_argument(
+        "--from-json", metavar="FILE",
+        help="measure nothing: redraw the page and figures from the raw results of an earlier run",
+    )
+    args = parser.parse_args(argv)
+    plt = _pyplot()
+    out = args.out or (
+        os.path.join(tempfile.gettempdir(), "torch_ctxext-bench-quick")
+        if args.quick else os.path.join(os.path.dirname(HERE), "docs")
+    )
+    command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
+        " --quick" if args.quick else ""
+    )
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+        command += " --quick" if results["quick"] and not args.quick else ""
+    elif not args.torch_2_15:
+        parser.error("--torch-2-15 is required (the native side of every comparison)")
+    else:
+        results = bench.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
+    os.makedirs(os.path.join(out, IMG), exist_ok=True)
+    plot_overhead(results, os.path.join(out, IMG, FIGURES["overhead"]), plt)
+    plot_fused_time(results, os.path.join(out, IMG, FIGURES["time"]), plt)
+    plot_fused_memory(results, os.path.join(out, IMG, FIGURES["memory"]), plt)
+    with open(os.path.join(out, "benchmarks.md"), "w") as f:
+        f.write(render_page(results, command))
+    for path in filter(None, [os.path.join(out, "benchmarks.json"), args.json]):
+        if args.from_json and os.path.abspath(path) == os.path.abspath(args.from_json):
+            continue
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1, sort_keys=True)
+            f.write("\n")
+    print(bench.headline(results))
+    print()
+    print(bench.markdown_tables(results))
+    print(f"\nwrote {out}/benchmarks.md, {out}/benchmarks.json and {out}/{IMG}/bench_*.png",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
