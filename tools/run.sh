@@ -3,6 +3,7 @@
 #
 #   bash tools/run.sh check   conformance report for the installed torch (main job)
 #   bash tools/run.sh test    every test, on torch 2.12, 2.13, 2.14 and 2.15 (what CI runs)
+#   bash tools/run.sh docs    build the documentation site (warnings are errors)
 #
 # Virtual environments are cached outside the clone, in $TORCH_CTXEXT_CACHE
 # (default ~/.cache/torch_ctxext), one per torch release, so a second run
@@ -19,6 +20,24 @@ reference=2.15.0
 test_deps=(numpy pytest hypothesis expecttest ninja setuptools)
 mkdir -p "$cache"
 out=$(mktemp -d /tmp/torch_ctxext-run.XXXXXX)
+
+docs_venv() {  # torch 2.13.0 + torch_ctxext + the documentation tools
+    local dir=$cache/venv-docs
+    if [ ! -x "$dir/bin/sphinx-build" ] || ! "$dir/bin/python" -c "import torch, matplotlib; assert torch.__version__.split('+')[0] == '2.13.0'" 2>/dev/null; then
+        rm -rf "$dir"
+        python3 -m venv "$dir"
+        "$dir/bin/pip" install -q torch==2.13.0 "${test_deps[@]}" -r "$root/requirements-docs.txt"
+    fi
+    "$dir/bin/pip" install -q --no-build-isolation --no-deps "$root" >&2
+    echo "$dir"
+}
+
+build_docs() {
+    local dir
+    dir=$(docs_venv)
+    (cd /tmp && "$dir/bin/sphinx-build" -q -W --keep-going -b html "$root/docs" "$out/html")
+    echo "docs built: $out/html/index.html"
+}
 
 venv_for() {  # venv_for VERSION -> path of a venv with that torch and torch_ctxext
     local version=$1 dir=$cache/venv-$1
@@ -38,6 +57,9 @@ venv_for() {  # venv_for VERSION -> path of a venv with that torch and torch_ctx
 }
 
 case $job in
+docs)
+    build_docs
+    ;;
 check)
     venv=$(venv_for "$default_torch")
     cd /tmp && exec "$venv/bin/python" -m torch_ctxext check
@@ -67,9 +89,11 @@ test)
     TORCH_CTXEXT_IMPORT=1 "$main/bin/python" "$diff_dir/run.py" --out "$out/diff-backport.json" >/dev/null 2>&1
     "$main/bin/python" "$diff_dir/run.py" --compare "$out/diff-ref.json" "$out/diff-backport.json" \
         --allow "$diff_dir/deviations.txt"
+    echo "== documentation site (warnings are errors)"
+    build_docs
     ;;
 *)
-    echo "unknown job: $job (check|test)" >&2
+    echo "unknown job: $job (check|test|docs)" >&2
     exit 2
     ;;
 esac
