@@ -11,23 +11,25 @@
 # TORCH_CTXEXT_TORCH picks the release for `check` (default 2.13.0, the one
 # this machine has on local disk).
 set -euo pipefail
+shopt -s inherit_errexit  # a failing step inside $(...) stops the run too
 job=${1:?usage: bash tools/run.sh check|test}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TORCH_CTXEXT_CACHE:-$HOME/.cache/torch_ctxext}
 default_torch=${TORCH_CTXEXT_TORCH:-2.13.0}
 matrix=(2.12.1 2.13.0 2.14.1 2.15.0)
 reference=2.15.0
-test_deps=(numpy pytest hypothesis expecttest ninja setuptools)
+test_deps=(numpy pytest hypothesis expecttest ninja "setuptools>=70" wheel)
 mkdir -p "$cache"
 out=$(mktemp -d /tmp/torch_ctxext-run.XXXXXX)
 
 docs_venv() {  # torch 2.13.0 + torch_ctxext + the documentation tools
     local dir=$cache/venv-docs
-    if [ ! -x "$dir/bin/sphinx-build" ] || ! "$dir/bin/python" -c "import torch, matplotlib; assert torch.__version__.split('+')[0] == '2.13.0'" 2>/dev/null; then
+    if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0'" 2>/dev/null; then
         rm -rf "$dir"
         python3 -m venv "$dir"
-        "$dir/bin/pip" install -q torch==2.13.0 "${test_deps[@]}" -r "$root/requirements-docs.txt"
+        "$dir/bin/pip" install -q torch==2.13.0 >&2
     fi
+    "$dir/bin/pip" install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
     "$dir/bin/pip" install -q --no-build-isolation --no-deps "$root" >&2
     echo "$dir"
 }
@@ -41,17 +43,16 @@ build_docs() {
 
 venv_for() {  # venv_for VERSION -> path of a venv with that torch and torch_ctxext
     local version=$1 dir=$cache/venv-$1
-    if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch, pytest, hypothesis, expecttest; assert torch.__version__.split('+')[0] == '$version'" 2>/dev/null; then
+    local pip_env=()
+    # This machine's pip configuration caps torch at what lies on its disk
+    # (2.13.0); the other releases come from the package index itself.
+    [ "$version" = 2.13.0 ] || pip_env=(PIP_CONFIG_FILE=/dev/null)
+    if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$version'" 2>/dev/null; then
         rm -rf "$dir"
         python3 -m venv "$dir"
-        if [ "$version" = 2.13.0 ]; then
-            "$dir/bin/pip" install -q "torch==$version" "${test_deps[@]}"
-        else
-            # This machine's pip configuration caps torch at what lies on its
-            # disk; the other releases come from the package index itself.
-            PIP_CONFIG_FILE=/dev/null "$dir/bin/pip" install -q "torch==$version" "${test_deps[@]}"
-        fi
+        env "${pip_env[@]}" "$dir/bin/pip" install -q "torch==$version" >&2
     fi
+    env "${pip_env[@]}" "$dir/bin/pip" install -q "${test_deps[@]}" >&2
     "$dir/bin/pip" install -q --no-build-isolation --no-deps "$root" >&2
     echo "$dir"
 }
