@@ -37,8 +37,10 @@ PyObject* first_exposure_callback = nullptr;
 PyObject* input_grad_buffers_getter(PyObject* /*module*/, PyObject* ctx) {
   try {
     if (!THPFunction_Check(ctx)) {
-      // A ctx that is no autograd node is never executing backward.
-      throw std::runtime_error(torch_ctxext::kOutsideBackward);
+      // A ctx that is no autograd node is never the one executing backward.
+      throw std::runtime_error(torch_ctxext::current_graph_task() != nullptr
+                                   ? torch_ctxext::kNotTheExecutingNode
+                                   : torch_ctxext::kOutsideBackward);
     }
     PyObject* tuple = torch_ctxext::input_grad_buffers(ctx);
     if (tuple == nullptr) {
@@ -139,6 +141,11 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("original"), py::arg("resolver"));
   m.def("apply_depth", &torch_ctxext::current_apply_depth);
+  // The name CPython's own errors print for an object's type (tp_name):
+  // "str", "Tensor", "numpy.dtypes.Float64DType", "torch.finfo".
+  m.def("type_name", [](py::handle obj) {
+    return std::string(Py_TYPE(obj.ptr())->tp_name);
+  });
   m.def("note_declaration", &torch_ctxext::note_declaration);
   m.def(
       "set_output_grad_dtype",

@@ -11,6 +11,10 @@
 #                           tools/run.sh creates)
 #   TORCH_CTXEXT_ASAN_DIR   where the instrumented copy is built
 #                           (default /tmp/asan-build; wiped first)
+#   TORCH_CTXEXT_ASAN_REUSE=1  keep the instrumented build in that copy when
+#                           setup.py, csrc/ and torch are unchanged (the
+#                           Python sources and tests are refreshed)
+#   MAX_JOBS                parallel compile jobs (default 2)
 #
 # Python and libtorch are not instrumented, so the ASan runtime must be loaded
 # first (LD_PRELOAD of the compiler's libasan) and leak detection is off (the
@@ -41,35 +45,47 @@ fi
 libasan=$(readlink -f "$libasan")
 libubsan=$(readlink -f "$libubsan")
 
+san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
+# What the instrumented build depends on: reused when unchanged and
+# TORCH_CTXEXT_ASAN_REUSE=1 (the Python sources and tests are always refreshed).
+key=$(cd "$root" && cat setup.py csrc/* | sha256sum | cut -c1-16)-$("$python" -c 'import torch; print(torch.version.git_version[:12])')
+so=$(ls "$dest"/torch_ctxext/_C*.so 2>/dev/null || true)
+if [ "${TORCH_CTXEXT_ASAN_REUSE:-0}" = 1 ] && [ -n "$so" ] && [ "$(cat "$dest/.build-key" 2>/dev/null)" = "$key" ]; then
+    reuse=1
+else
+    reuse=0
+    rm -rf "$dest"
+fi
 echo "== copying $root to $dest (sources only: no build outputs)"
-rm -rf "$dest"
 mkdir -p "$dest"
 (cd "$root" && tar --exclude=./build --exclude=./dist --exclude='*.so' \
     --exclude='__pycache__' --exclude=./.git --exclude='*.egg-info' \
+    --exclude=./torch_ctxext/_build_info.py \
     --exclude=.hypothesis --exclude=.pytest_cache -cf - .) | tar -C "$dest" -xf -
 
-echo "== building the extension with -fsanitize=address,undefined"
-san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
-(
-    cd "$dest"
-    TORCH_CTXEXT_EXTRA_CFLAGS="$san -D_GLIBCXX_ASSERTIONS" \
-    TORCH_CTXEXT_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
-    MAX_JOBS=${MAX_JOBS:-2} \
-        "$python" setup.py -q build_ext --inplace >"$dest/build.log" 2>&1 \
-        || { cat "$dest/build.log"; exit 1; }
-)
+if [ "$reuse" = 1 ]; then
+    echo "== reusing the instrumented build in $dest (sources unchanged)"
+else
+    echo "== building the extension with -fsanitize=address,undefined"
+    (
+        cd "$dest"
+        TORCH_CTXEXT_EXTRA_CFLAGS="$san -D_GLIBCXX_ASSERTIONS" \
+        TORCH_CTXEXT_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
+        MAX_JOBS=${MAX_JOBS:-2} \
+            "$python" setup.py -q build_ext --inplace >"$dest/build.log" 2>&1 \
+            || { cat "$dest/build.log"; exit 1; }
+    )
+    echo "$key" >"$dest/.build-key"
+fi
 so=$(ls "$dest"/torch_ctxext/_C*.so)
-if ! nm -D "$so" | grep -q __asan_report; then
+if ! nm -D "$so" | grep __asan_report >/dev/null; then  # not -q: SIGPIPE + pipefail
     echo "the built extension is not instrumented: $so" >&2
     exit 1
 fi
 build_done=$(date +%s)
 echo "   built in $((build_done - start)) s: $so"
 
-echo "== running the test suite under ASan+UBSan (log: $log)"
-status=0
-(
-    cd /tmp
+export_sanitizer_env() {
     export LD_PRELOAD="$libasan $libubsan"
     # detect_leaks=0: Python and torch are not instrumented and never free
     # everything at exit. The allocator checks still cover every allocation of
@@ -78,6 +94,32 @@ status=0
     export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:symbolize=1:detect_odr_violation=0:allocator_may_return_null=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     export PYTHONMALLOC=malloc
+}
+
+echo "== canary: the same setup must catch a heap overflow and a signed overflow"
+canary=$dest/canary
+mkdir -p "$canary"
+cat >"$canary/canary.c" <<'EOF'
+#include <stdlib.h>
+int heap_overflow(int i) { int* p = malloc(4 * sizeof(int)); int v = p[i]; free(p); return v; }
+int signed_overflow(int i) { return i + 2147483647; }
+EOF
+gcc -shared -fPIC $san -o "$canary/libcanary.so" "$canary/canary.c"
+for probe in "heap_overflow(4):heap-buffer-overflow" "signed_overflow(1):signed integer overflow"; do
+    call=${probe%%:*}
+    expect=${probe#*:}
+    out=$(export_sanitizer_env; "$python" -c "import ctypes; ctypes.CDLL('$canary/libcanary.so').$call" 2>&1) && {
+        echo "canary $call was not caught: the sanitizer setup is broken" >&2; exit 1; }
+    grep -q "$expect" <<<"$out" || { echo "canary $call: no '$expect' report:" >&2; echo "$out" >&2; exit 1; }
+    echo "   $call caught ($expect)"
+done
+
+echo "== running the test suite under ASan+UBSan (log: $log)"
+status=0
+(
+    cd /tmp
+    export_sanitizer_env
+    export TORCH_CTXEXT_SANITIZERS=1
     export PYTHONPATH=$dest
     # The suite's own subprocesses inherit all of the above.
     "$python" -c "import torch_ctxext, torch_ctxext._C as C; assert C.__file__.startswith('$dest'), C.__file__"

@@ -114,8 +114,6 @@ def _input_grad_buffers(self):
     (Contract text of torch 2.15, BSD-3-Clause, (c) PyTorch contributors;
     provided on this torch by torch_ctxext.)
     """
-    # The getter itself is _C.input_grad_buffers (see install); this body
-    # documents the property and serves direct calls.
     return _C.input_grad_buffers(self)
 
 
@@ -146,8 +144,11 @@ def install(ext):
     """Add the property to FunctionCtx; arrange the reentrancy guard."""
     global _C
     _C = ext
-    # The C getter directly: no Python frame between the user and the engine.
-    prop = property(ext.input_grad_buffers, doc=_input_grad_buffers.__doc__)
+    # A Python getter around the C one: torch.compile inlines the property
+    # while tracing a backward and falls back to eager at the C call, as it
+    # does on torch 2.15; with the C function as fget it cannot.
+    prop = property(_input_grad_buffers)
+    prop.__set_name__(FunctionCtx, "input_grad_buffers")
     FunctionCtx.input_grad_buffers = prop
     ext.on_first_exposure(_install_reentrancy_guard)
 

@@ -92,16 +92,21 @@ def _set_output_grad_dtype(self, *dtypes):
     (Contract text of torch 2.15, BSD-3-Clause, (c) PyTorch contributors;
     provided on this torch by torch_ctxext.)
     """
+    if not isinstance(self, torch._C._FunctionBase):
+        # A FunctionCtx made by hand is no autograd node: there is nothing to
+        # declare for. Store the declaration as torch 2.15 does, and stop.
+        if getattr(self, "output_grad_dtypes", None) is not None:
+            raise RuntimeError(CALLED_TWICE_ERROR)
+        self.output_grad_dtypes = dtypes
+        return
     depth = _C.apply_depth()
-    if depth == 0 or (
-        isinstance(self, torch._C._FunctionBase) and _C.differentiable_outputs(self)
-    ):
+    if depth == 0 or _C.differentiable_outputs(self):
         raise RuntimeError(
             "set_output_grad_dtype can only be called from forward or "
-            "setup_context, while Function.apply runs: this Function's outputs "
-            "were already returned (it was called from backward or after apply), "
-            "so the declaration could no longer take effect. Declare the gradient "
-            "dtypes in forward or setup_context."
+            "setup_context while this Function's apply is running on this "
+            "thread: it was called from backward or jvp, after apply returned, "
+            "or from another thread, where the declaration could no longer take "
+            "effect. Declare the gradient dtypes in forward or setup_context."
         )
     if getattr(self, "output_grad_dtypes", None) is not None:
         raise RuntimeError(CALLED_TWICE_ERROR)
@@ -140,7 +145,7 @@ def _apply_declarations(ctx, output):
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise RuntimeError(
                 "set_output_grad_dtype expects each declaration to be a "
-                f"torch.dtype or None, but got {type(dtype).__name__}"
+                f"torch.dtype or None, but got {_C.type_name(dtype)}"
             )
         if recorded:
             carries_grad = differentiable[index]
@@ -244,6 +249,8 @@ def install(ext):
     global _C
     _C = ext
     FunctionCtx.output_grad_dtypes = None
+    _set_output_grad_dtype.__name__ = "set_output_grad_dtype"
+    _set_output_grad_dtype.__qualname__ = "FunctionCtx.set_output_grad_dtype"
     FunctionCtx.set_output_grad_dtype = _set_output_grad_dtype
     original = Function.__dict__["apply"].__func__
     if getattr(original, "__name__", "") == "apply" and not isinstance(

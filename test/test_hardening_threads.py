@@ -1,0 +1,230 @@
+"""Hardening 1: every feature of the ctx contract from many threads at once.
+
+8 threads each run 500 backward passes through a Function that fuses its
+gradient into ``ctx.input_grad_buffers``, declares its output's gradient dtype
+with ``ctx.set_output_grad_dtype`` and receives its grads boxed
+(``boxed_grads_call = True``), all at the same time. Every gradient must be
+exact (the values are small integers, exactly representable), the fused path
+must actually have been taken, and no thread may see another's buffer,
+declaration or error.
+
+Runs on torch 2.13 + torch_ctxext and on native torch 2.15 alike.
+"""
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from torch.autograd import Function
+
+import torch_ctxext  # noqa: F401
+
+HAS_BOXED_GRADS = hasattr(torch.autograd.function.BackwardCFunction, "apply_boxed")
+
+N_THREADS = 8
+N_PASSES = 500
+
+
+class FusedScale(Function):
+    """y = x * w (float32 out), gradient received in float64, boxed; the
+    gradient of x is accumulated into the engine's buffer when one is exposed."""
+
+    boxed_grads_call = True
+
+    @staticmethod
+    def forward(ctx, x, w, tag):
+        ctx.save_for_backward(w)
+        ctx.tag = tag
+        ctx.set_output_grad_dtype(torch.float64)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grads):
+        assert isinstance(grads, list), type(grads)
+        (g,) = grads
+        grads.clear()  # boxed: the engine's references are released here
+        if g.dtype != torch.float64:
+            raise AssertionError(f"declared float64, got {g.dtype}")
+        (w,) = ctx.saved_tensors
+        x_buffer, w_buffer, tag_buffer = ctx.input_grad_buffers
+        assert tag_buffer is None and w_buffer is None
+        grad_x = (g * w).float()
+        ctx.tag["fused"] += x_buffer is not None
+        if x_buffer is not None:
+            x_buffer.add_(grad_x)
+            grad_x = None
+        return grad_x, None, None
+
+
+class Nested(Function):
+    """Declares float64 for its second output and applies FusedScale inside its
+    own forward (no graph there, but the per-thread apply state must keep the
+    two declarations apart); fuses its own gradient of x as well."""
+
+    @staticmethod
+    def forward(ctx, x, w, tag):
+        ctx.set_output_grad_dtype(None, torch.float64)
+        ctx.save_for_backward(w)
+        ctx.tag = tag
+        inner = FusedScale.apply(x, w, tag)
+        return inner, x * 2
+
+    @staticmethod
+    def backward(ctx, g_inner, g_twice):
+        if g_inner.dtype != torch.float32 or g_twice.dtype != torch.float64:
+            raise AssertionError(f"declared (None, float64), got {g_inner.dtype}, {g_twice.dtype}")
+        (w,) = ctx.saved_tensors
+        x_buffer, _, _ = ctx.input_grad_buffers
+        grad_x = g_inner * w + (g_twice * 2).float()
+        ctx.tag["fused"] += x_buffer is not None
+        if x_buffer is not None:
+            x_buffer.add_(grad_x)
+            grad_x = None
+        return grad_x, None, None
+
+
+def one_thread(index, errors, fused_counts, barrier):
+    try:
+        tag = {"fused": 0}
+        # Values that differ per thread: a gradient from the wrong thread's
+        # graph shows up as a wrong number.
+        base = float(index + 1)
+        w = torch.tensor([base, base + 1.0], requires_grad=True)
+        barrier.wait()
+        for step in range(N_PASSES):
+            x = torch.tensor([1.0, 2.0], requires_grad=True)
+            k = float(step % 7 + 1)
+            # x * k is created after FusedScale, so its backward runs first and
+            # its gradient waits in x's buffer when FusedScale.backward runs.
+            if step % 2 == 0:
+                y = FusedScale.apply(x, w.detach(), tag)
+                loss = y.sum() + (x * k).sum()
+                expected = w.detach() + k
+            else:
+                y, twice = Nested.apply(x, w.detach(), tag)
+                loss = y.sum() + twice.sum() + (x * k).sum()
+                expected = w.detach() + 2.0 + k
+            if step % 3 == 0:
+                (grad_x,) = torch.autograd.grad(loss, (x,))
+            else:
+                loss.backward()
+                grad_x = x.grad
+            if not torch.equal(grad_x, expected):
+                raise AssertionError(
+                    f"thread {index} step {step}: {grad_x.tolist()} != {expected.tolist()}"
+                )
+        fused_counts[index] = tag["fused"]
+    except BaseException as e:  # reported by the main thread
+        errors.append((index, e))
+        barrier.abort()
+
+
+@pytest.mark.skipif(not HAS_BOXED_GRADS, reason="this torch has no boxed_grads_call")
+def test_eight_threads_fuse_declare_and_box_at_once():
+    errors, fused_counts = [], [None] * N_THREADS
+    barrier = threading.Barrier(N_THREADS)
+    old_interval = sys.getswitchinterval()
+    # Switch threads often so the passes really interleave.
+    sys.setswitchinterval(1e-5)
+    start = time.perf_counter()
+    try:
+        threads = [
+            threading.Thread(target=one_thread, args=(i, errors, fused_counts, barrier))
+            for i in range(N_THREADS)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a thread hung"
+    finally:
+        sys.setswitchinterval(old_interval)
+    elapsed = time.perf_counter() - start
+    assert not errors, errors[0]
+    # The fused path was taken in every pass of every thread.
+    assert fused_counts == [N_PASSES] * N_THREADS, fused_counts
+    print(f"{N_THREADS} x {N_PASSES} passes in {elapsed:.2f} s")
+
+
+def test_buffers_are_per_thread_and_per_graph_task():
+    """Two threads blocked inside their own backward at the same moment each
+    see their own buffer (never the other thread's)."""
+    both_inside = threading.Barrier(2, timeout=30)
+    seen = {}
+
+    class Probe(Function):
+        @staticmethod
+        def forward(ctx, x, name):
+            ctx.name = name
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            (buffer, _) = ctx.input_grad_buffers
+            both_inside.wait()  # the other thread is inside its backward too
+            seen[ctx.name] = buffer.clone()
+            buffer.add_(g)
+            both_inside.wait()
+            return None, None
+
+    def run(name, value, out):
+        x = torch.full((3,), value, requires_grad=True)
+        (Probe.apply(x, name).sum() + (x * value).sum()).backward()
+        out[name] = x.grad
+
+    grads = {}
+    threads = [
+        threading.Thread(target=run, args=(n, v, grads)) for n, v in (("a", 2.0), ("b", 5.0))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert torch.equal(seen["a"], torch.full((3,), 2.0))
+    assert torch.equal(seen["b"], torch.full((3,), 5.0))
+    assert torch.equal(grads["a"], torch.full((3,), 3.0))
+    assert torch.equal(grads["b"], torch.full((3,), 6.0))
+
+
+def test_declaration_in_one_thread_does_not_leak_into_anothers_apply():
+    """While thread A is inside forward (after declaring), thread B applies a
+    Function that declares nothing: B's gradient keeps its own dtype and A's
+    declaration still applies to A."""
+    a_declared = threading.Event()
+    b_done = threading.Event()
+    dtypes = {}
+
+    class A(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_output_grad_dtype(torch.float64)
+            a_declared.set()
+            assert b_done.wait(30)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            dtypes["a"] = g.dtype
+            return g.float() * 2
+
+    class B(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            dtypes["b"] = g.dtype
+            return g * 3
+
+    def thread_b():
+        assert a_declared.wait(30)
+        B.apply(torch.ones(2, requires_grad=True)).sum().backward()
+        b_done.set()
+
+    t = threading.Thread(target=thread_b)
+    t.start()
+    A.apply(torch.ones(2, requires_grad=True)).sum().backward()
+    t.join(30)
+    assert dtypes == {"a": torch.float64, "b": torch.float32}
