@@ -18,7 +18,7 @@ cache=${TORCH_CTXEXT_CACHE:-$HOME/.cache/torch_ctxext}
 default_torch=${TORCH_CTXEXT_TORCH:-2.13.0}
 matrix=(2.12.1 2.13.0 2.14.1 2.15.0)
 reference=2.15.0
-test_deps=(numpy pytest hypothesis expecttest ninja "setuptools>=70" wheel)
+test_deps=(numpy pytest hypothesis expecttest ninja "setuptools>=70,<82" wheel)
 mkdir -p "$cache"
 out=$(mktemp -d /tmp/torch_ctxext-run.XXXXXX)
 
