@@ -149,7 +149,7 @@ def measure_idle(n=2000, samples=7, warmup=200, in_process_ab=False):
         return {"fwd_bwd_us": [sample() for _ in range(samples)]}
     Function = torch.autograd.Function
     wrapped = Function.__dict__["apply"]
-    original = classmethod(wrapped.__func__.__wrapped__)
+    original = classmethod(Function._torch_ctxext_original_apply)
     runs = {"wrapped_us": [], "original_us": []}
     try:
         for i in range(2 * samples):

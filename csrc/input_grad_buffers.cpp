@@ -268,4 +268,39 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
   return reasons;
 }
 
+namespace {
+
+PyObject* guarded_run_backward = nullptr;  // the original, a Python function
+PyObject* reentrancy_check = nullptr;      // raises when a buffer was handed out
+
+PyObject* run_backward_guarded(PyObject* /*module*/, PyObject* const* args,
+                               size_t nargsf, PyObject* kwnames) {
+  if (torch::autograd::get_current_node()) {
+    PyObject* r = PyObject_CallNoArgs(reentrancy_check);
+    if (r == nullptr) {
+      return nullptr;
+    }
+    Py_DECREF(r);
+  }
+  return PyObject_Vectorcall(guarded_run_backward, args, nargsf, kwnames);
+}
+
+PyMethodDef guard_def = {
+    "_engine_run_backward",
+    reinterpret_cast<PyCFunction>(
+        reinterpret_cast<void (*)(void)>(run_backward_guarded)),
+    METH_FASTCALL | METH_KEYWORDS, nullptr};
+
+}  // namespace
+
+PyObject* make_reentrancy_guard(PyObject* original, PyObject* check) {
+  Py_XDECREF(guarded_run_backward);
+  Py_XDECREF(reentrancy_check);
+  Py_INCREF(original);
+  Py_INCREF(check);
+  guarded_run_backward = original;
+  reentrancy_check = check;
+  return PyCFunction_New(&guard_def, nullptr);
+}
+
 }  // namespace torch_ctxext

@@ -36,4 +36,10 @@ PyObject* input_grad_buffers(PyObject* ctx);
 std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
     PyObject* ctx);
 
+// A replacement for torch.autograd.graph._engine_run_backward: calls
+// `check()` first when this thread is inside a backward (some node is
+// executing), then `original(*args, **kwargs)`. Outside any backward (the
+// common case) it costs one thread-local read.
+PyObject* make_reentrancy_guard(PyObject* original, PyObject* check);
+
 }  // namespace torch_ctxext

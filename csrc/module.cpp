@@ -140,6 +140,17 @@ PYBIND11_MODULE(_C, m) {
         return py::reinterpret_steal<py::object>(fn);
       },
       py::arg("original"), py::arg("resolver"));
+  m.def(
+      "make_reentrancy_guard",
+      [](py::handle original, py::handle check) {
+        PyObject* fn =
+            torch_ctxext::make_reentrancy_guard(original.ptr(), check.ptr());
+        if (fn == nullptr) {
+          throw py::error_already_set();
+        }
+        return py::reinterpret_steal<py::object>(fn);
+      },
+      py::arg("original"), py::arg("check"));
   m.def("apply_depth", &torch_ctxext::current_apply_depth);
   // The name CPython's own errors print for an object's type (tp_name):
   // "str", "Tensor", "numpy.dtypes.Float64DType", "torch.finfo".

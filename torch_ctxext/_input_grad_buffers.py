@@ -126,15 +126,10 @@ def _check_not_reentrant_after_exposure():
         raise RuntimeError(REENTRANT_ERROR)
 
 
-def _guard(engine_run_backward):
-    def _engine_run_backward(*args, **kwargs):
-        _check_not_reentrant_after_exposure()
-        return engine_run_backward(*args, **kwargs)
-
-    _engine_run_backward.__wrapped__ = engine_run_backward
-    _engine_run_backward.__doc__ = engine_run_backward.__doc__
-    _engine_run_backward._torch_ctxext_guard = True
-    return _engine_run_backward
+# The guard (a C function: outside any backward it costs one thread-local
+# read) and the function it wraps, once installed.
+_guarded = None
+_unguarded = None
 
 
 _C = None
@@ -156,10 +151,13 @@ def install(ext):
 def _install_reentrancy_guard():
     """Guard backward/grad; done when the first buffer is handed out, so that
     a process which never fuses pays nothing for the guard."""
+    global _guarded, _unguarded
     engine_run_backward = torch.autograd.graph._engine_run_backward
-    if not getattr(engine_run_backward, "_torch_ctxext_guard", False):
-        guarded = _guard(engine_run_backward)
-        # autograd/__init__.py imported the function by name: patch both, as
-        # torch.compiler does for the same function.
-        torch.autograd.graph._engine_run_backward = guarded
-        torch.autograd._engine_run_backward = guarded
+    if engine_run_backward is _guarded:
+        return
+    _unguarded = engine_run_backward
+    _guarded = _C.make_reentrancy_guard(engine_run_backward, _check_not_reentrant_after_exposure)
+    # autograd/__init__.py imported the function by name: patch both, as
+    # torch.compiler does for the same function.
+    torch.autograd.graph._engine_run_backward = _guarded
+    torch.autograd._engine_run_backward = _guarded

@@ -31,9 +31,9 @@ def no_reentrancy_guard():
     igb._install_reentrancy_guard = lambda: None
     if hasattr(igb, "_C") and igb._C is not None:
         igb._C.on_first_exposure(lambda: None)
-    for module in (torch.autograd, torch.autograd.graph):
-        run = module._engine_run_backward
-        module._engine_run_backward = getattr(run, "__wrapped__", run)
+    if igb._unguarded is not None:
+        torch.autograd._engine_run_backward = igb._unguarded
+        torch.autograd.graph._engine_run_backward = igb._unguarded
 
 
 def none_declaration_casts():
