@@ -329,8 +329,46 @@ def render_page(results, command):
             bench.fused_tables(results).split("\n\n")[1],
             "",
         ]
+    if "boxed" in results:
+        import bench_boxed_memory
+
+        rows = results["boxed"]
+        lines += [
+            "## Boxed grads: peak memory with early freeing",
+            "",
+            "| torch | boxed peak (MiB) | unboxed peak (MiB) | boxed / unboxed |",
+            "|---|---|---|---|",
+            *[
+                f"| {r['torch']}{' + torch_ctxext' if r['torch'].startswith('2.12') else ' (native)'} "
+                f"| {r['boxed_peak_mib']:.1f} | {r['unboxed_peak_mib']:.1f} "
+                f"| {r['boxed_peak_mib'] / r['unboxed_peak_mib']:.2f} |"
+                for r in rows
+            ],
+            "",
+            "Measured by `benchmarks/bench_boxed_memory.py`:",
+            "",
+            bench_boxed_memory.__doc__.split("\n\n", 2)[2].strip(),
+            "",
+        ]
     lines += ["## How it is measured", "", METHOD]
     return "\n".join(lines)
+
+
+def boxed_memory(pythons):
+    """Peak memory of bench_boxed_memory.py's workload under each interpreter."""
+    import subprocess
+
+    rows = []
+    for python in pythons:
+        env = dict(os.environ)
+        if "2.12" in python:  # an installed torch_ctxext, not this source tree's build
+            env.pop("PYTHONPATH", None)
+        out = subprocess.run(
+            [python, os.path.join(HERE, "bench_boxed_memory.py")],
+            capture_output=True, text=True, check=True, cwd=tempfile.gettempdir(), env=env,
+        )
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return rows
 
 
 def main(argv=None):
@@ -341,6 +379,9 @@ def main(argv=None):
                         help="python of a native torch 2.15 environment (required unless --from-json)")
     parser.add_argument("--torch-2-13", metavar="PYTHON",
                         help="python of the torch 2.13 environment (default: this one)")
+    parser.add_argument("--torch-2-12", metavar="PYTHON",
+                        help="python of a torch 2.12 environment with torch_ctxext installed: "
+                        "adds the boxed-grads peak-memory comparison with this torch 2.13")
     parser.add_argument("--out", help="docs directory to write into (default: docs; "
                         "with --quick a temporary directory)")
     parser.add_argument("--quick", action="store_true", help="smoke run for CI (under a minute)")
@@ -356,6 +397,8 @@ def main(argv=None):
         if args.quick else os.path.join(os.path.dirname(HERE), "docs")
     )
     command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
+        " --torch-2-12 PYTHON_OF_TORCH_2.12" if args.torch_2_12 else ""
+    ) + (
         " --quick" if args.quick else ""
     )
     if args.from_json:
@@ -366,6 +409,8 @@ def main(argv=None):
         parser.error("--torch-2-15 is required (the native side of every comparison)")
     else:
         results = bench.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
+        if args.torch_2_12:
+            results["boxed"] = boxed_memory([args.torch_2_12, args.torch_2_13 or sys.executable])
     os.makedirs(os.path.join(out, IMG), exist_ok=True)
     plot_overhead(results, os.path.join(out, IMG, FIGURES["overhead"]), plt)
     plot_fused_time(results, os.path.join(out, IMG, FIGURES["time"]), plt)
