@@ -181,3 +181,12 @@ def test_the_reentrancy_guard_is_installed_by_the_first_exposure_and_works_at_on
         "Calling backward or grad reentrantly after accessing a non-None "
         "ctx.input_grad_buffers entry is not supported"
     )
+
+
+def test_a_member_torch_ctxext_could_not_provide_is_reported_unavailable_with_why(monkeypatch):
+    """features() says 'unavailable' and why, e.g. when the 2.12 engine hook
+    could not be placed on an unrecognised build (the rest still works)."""
+    monkeypatch.setitem(_features._NATIVE, "apply_boxed", False)
+    monkeypatch.delattr(BackwardCFunction, "apply_boxed")
+    monkeypatch.setitem(_features.UNAVAILABLE, "apply_boxed", "no PyNode::apply found")
+    assert torch_ctxext.features()["apply_boxed"] == "unavailable: no PyNode::apply found"

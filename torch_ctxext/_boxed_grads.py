@@ -73,8 +73,14 @@ def _sample_ctx_and_install():
 def install(ext):
     global _C
     _C = ext
+    try:
+        _sample_ctx_and_install()
+    except RuntimeError as e:
+        # The engine hook could not be placed (an unrecognised torch build):
+        # everything else still works; features() says why this does not.
+        _features.UNAVAILABLE["apply_boxed"] = str(e)
+        return
     BackwardCFunction.apply = apply
     _features.PROVIDED.add("apply")
     BackwardCFunction.apply_boxed = apply_boxed
     Function.boxed_grads_call = False
-    _sample_ctx_and_install()

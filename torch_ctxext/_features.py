@@ -38,6 +38,8 @@ _NATIVE = {}
 # Members torch_ctxext replaced although torch had them (torch 2.12's
 # BackwardCFunction.apply, which cannot box grads).
 PROVIDED = set()
+# Members torch_ctxext meant to provide but could not, with the reason.
+UNAVAILABLE = {}
 
 
 def record_native():
@@ -69,6 +71,8 @@ def features():
             result[name] = "native"
         elif hasattr(owner, name):
             result[name] = "torch_ctxext"
+        elif name in UNAVAILABLE:
+            result[name] = f"unavailable: {UNAVAILABLE[name]}"
         else:
             result[name] = (
                 f"unavailable: torch {torch.__version__} lacks it and torch_ctxext "
