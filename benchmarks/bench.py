@@ -322,13 +322,18 @@ def _built_in_place():
 class Worker:
     """A long-lived measuring process (this file with --worker)."""
 
-    def __init__(self, python, label, plugin):
+    def __init__(self, python, label, plugin, source_tree=True):
         self.label = label
         self.log = tempfile.NamedTemporaryFile(
             "w+", prefix=f"torch_ctxext-bench-{label}-", suffix=".log", delete=False
         )
         env = dict(os.environ)
-        if _built_in_place():
+        if not source_tree:  # the environment's own installed torch_ctxext
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                if p and os.path.abspath(p) != ROOT
+            )
+        elif _built_in_place():
             # The source tree's torch_ctxext first; harmless for workers that
             # never import it. Otherwise the installed one is measured.
             env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
@@ -550,6 +555,47 @@ def _collect_idle(workers, plan):
     result["us"]["in-process-wrapped"] = statistics.median(wrapped_us)
     result["us"]["in-process-original"] = statistics.median(original_us)
     return result
+
+
+def collect_idle_releases(pythons, plan):
+    """Idle cost on other torch releases: a process with `import torch_ctxext`
+    (the one installed in that environment) against one without, alternated.
+    Returns {torch version: {"us": ..., "with_import": ratio stats}}."""
+    results = {}
+    for python in pythons:
+        pair = [Worker(python, "without", False, source_tree=False),
+                Worker(python, "with", True, source_tree=False)]
+        try:
+            version = pair[0].ready()["torch"]
+            pair[1].ready()
+            _, per_round = alternate(
+                pair, plan["idle_rounds"], "idle", "fwd_bwd_us",
+                n=plan["idle_n"], samples=plan["idle_samples"], warmup=plan["idle_warmup"],
+            )
+        finally:
+            for w in pair:
+                w.close()
+        results[version] = {
+            "us": {k: statistics.median(v) for k, v in per_round.items()},
+            "with_import": ratio_stats(
+                [a / b for a, b in zip(per_round["with"], per_round["without"])]
+            ),
+        }
+        log(f"idle on torch {version} done")
+    return results
+
+
+def idle_releases_table(results):
+    out = [
+        "| torch | fwd+bwd with `import torch_ctxext` | without | ratio (10th–90th percentile of rounds) | target |",
+        "|---|---|---|---|---|",
+    ]
+    for version, r in sorted(results["idle_releases"].items()):
+        out.append(
+            f"| {version} | {r['us']['with']:.2f} us | {r['us']['without']:.2f} us "
+            f"| {_spread(r['with_import'])} | ≤ 1.02 |"
+        )
+    return "\n".join(out)
 
 
 def _collect_fused(pair, plan, batch, dim, micro):

@@ -310,6 +310,17 @@ def render_page(results, command):
             bench.overhead_table(results),
             "",
         ]
+    if "idle_releases" in results:
+        lines += [
+            "## Idle cost on each supported torch",
+            "",
+            "The same idle measurement, with the torch_ctxext installed in each "
+            "release's environment (what it patches differs: see the compatibility "
+            "matrix):",
+            "",
+            bench.idle_releases_table(results),
+            "",
+        ]
     if "fused" in results:
         lines += [
             "## Fused gradient accumulation",
@@ -379,6 +390,9 @@ def main(argv=None):
                         help="python of a native torch 2.15 environment (required unless --from-json)")
     parser.add_argument("--torch-2-13", metavar="PYTHON",
                         help="python of the torch 2.13 environment (default: this one)")
+    parser.add_argument("--other-releases", metavar="PYTHON", nargs="*", default=[],
+                        help="pythons of other torch releases with torch_ctxext installed: "
+                        "adds the idle cost on each")
     parser.add_argument("--torch-2-12", metavar="PYTHON",
                         help="python of a torch 2.12 environment with torch_ctxext installed: "
                         "adds the boxed-grads peak-memory comparison with this torch 2.13")
@@ -399,6 +413,8 @@ def main(argv=None):
     command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
         " --torch-2-12 PYTHON_OF_TORCH_2.12" if args.torch_2_12 else ""
     ) + (
+        " --other-releases PYTHONS_OF_2.12_2.14_2.15" if args.other_releases else ""
+    ) + (
         " --quick" if args.quick else ""
     )
     if args.from_json:
@@ -409,6 +425,9 @@ def main(argv=None):
         parser.error("--torch-2-15 is required (the native side of every comparison)")
     else:
         results = bench.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
+        if args.other_releases:
+            plan = dict(bench.PLANS["quick" if args.quick else "full"])
+            results["idle_releases"] = bench.collect_idle_releases(args.other_releases, plan)
         if args.torch_2_12:
             results["boxed"] = boxed_memory([args.torch_2_12, args.torch_2_13 or sys.executable])
     os.makedirs(os.path.join(out, IMG), exist_ok=True)
