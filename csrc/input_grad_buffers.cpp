@@ -33,13 +33,39 @@ enum class SlotState { kNotATensor, kNoGradient, kEmpty, kFilled };
 // other owner. A Python wrapper that nothing but the tensor itself keeps alive
 // (a tensor created in a Python backward, or a buffer handed out earlier and
 // since dropped) is no other owner: is_tensor_stealable discounts it.
-bool can_accumulate_inplace(const at::Tensor& v) {
-  return !(at::isTensorSubclassLike(v) || v._is_zerotensor() ||
-           v.is_nested()) &&
-      v.is_non_overlapping_and_dense() &&
-      torch::autograd::impl::is_tensor_stealable(
-          v, 1 + (at::caching::is_cached_tensor(v) ? 1 : 0)) &&
-      v.has_storage() && v.storage().use_count() == 1;
+// Returns which part of the rule `v` breaks; the getter and explain() both
+// read it, so they cannot disagree.
+enum class InPlace {
+  kAllowed,
+  kSubclass,
+  kZeroTensor,
+  kNested,
+  kNotDense,
+  kShared,
+  kStorageShared
+};
+
+InPlace in_place_rule(const at::Tensor& v) {
+  if (at::isTensorSubclassLike(v)) {
+    return InPlace::kSubclass;
+  }
+  if (v._is_zerotensor()) {
+    return InPlace::kZeroTensor;
+  }
+  if (v.is_nested()) {
+    return InPlace::kNested;
+  }
+  if (!v.is_non_overlapping_and_dense()) {
+    return InPlace::kNotDense;
+  }
+  if (!torch::autograd::impl::is_tensor_stealable(
+          v, 1 + (at::caching::is_cached_tensor(v) ? 1 : 0))) {
+    return InPlace::kShared;
+  }
+  if (!v.has_storage() || v.storage().use_count() != 1) {
+    return InPlace::kStorageShared;
+  }
+  return InPlace::kAllowed;
 }
 
 // On an accelerator a slot is usable only from the stream the engine
@@ -89,8 +115,8 @@ GraphTask* running_task_for(Node* node) {
   return task;
 }
 
-// Calls visit(i, buffer_or_null, pos, slot_or_null, edge_valid) for each
-// argument, under the task's mutex with the GIL released.
+// Calls visit(i, state, buffer, pos) for each argument (buffer is null
+// unless state is kFilled), under the task's mutex with the GIL released.
 template <typename Visit>
 void for_each_slot(THPFunction* ctx, Node* node, GraphTask* task,
                    Visit&& visit) {
@@ -141,7 +167,7 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
                     return;
                   }
                   const at::Tensor& slot = buffer->buffer[pos];
-                  if (can_accumulate_inplace(slot) &&
+                  if (in_place_rule(slot) == InPlace::kAllowed &&
                       stream_agrees(*buffer, pos, slot, node)) {
                     // Taking the reference raises the slot's use count, so a
                     // second argument reaching the same slot (f(x, x)) is
@@ -234,30 +260,39 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
         break;
     }
     const at::Tensor& slot = buffer->buffer[pos];
-    if (at::isTensorSubclassLike(slot)) {
-      reason = {"subclass", "the gradient is a tensor subclass"};
-    } else if (slot._is_zerotensor()) {
-      reason = {"zero_tensor", "the gradient is a zero tensor"};
-    } else if (slot.is_nested()) {
-      reason = {"nested", "the gradient is a nested tensor"};
-    } else if (!slot.is_non_overlapping_and_dense()) {
-      reason = {"not_dense",
-                "the gradient is not dense (expanded or overlapping)"};
-    } else if (!torch::autograd::impl::is_tensor_stealable(
-                   slot, 1 + (at::caching::is_cached_tensor(slot) ? 1 : 0))) {
-      reason = {"shared",
-                "the gradient tensor has " +
-                    std::to_string(slot.use_count() - 1) +
-                    " other owner(s) (another buffer, a root gradient the "
-                    "caller holds, or a buffer you still hold)"};
-    } else if (!slot.has_storage() || slot.storage().use_count() != 1) {
-      reason = {"storage_shared",
-                "the gradient's storage has " +
-                    std::to_string(slot.has_storage()
-                                       ? slot.storage().use_count() - 1
-                                       : 0) +
-                    " other owner(s) (a view of a shared storage)"};
-    } else if (!stream_agrees(*buffer, pos, slot, node)) {
+    switch (in_place_rule(slot)) {
+      case InPlace::kSubclass:
+        reason = {"subclass", "the gradient is a tensor subclass"};
+        return;
+      case InPlace::kZeroTensor:
+        reason = {"zero_tensor", "the gradient is a zero tensor"};
+        return;
+      case InPlace::kNested:
+        reason = {"nested", "the gradient is a nested tensor"};
+        return;
+      case InPlace::kNotDense:
+        reason = {"not_dense",
+                  "the gradient is not dense (expanded or overlapping)"};
+        return;
+      case InPlace::kShared:
+        reason = {"shared",
+                  "the gradient tensor has " +
+                      std::to_string(slot.use_count() - 1) +
+                      " other owner(s) (another buffer, a root gradient the "
+                      "caller holds, or a buffer you still hold)"};
+        return;
+      case InPlace::kStorageShared:
+        reason = {"storage_shared",
+                  "the gradient's storage has " +
+                      std::to_string(slot.has_storage()
+                                         ? slot.storage().use_count() - 1
+                                         : 0) +
+                      " other owner(s) (a view of a shared storage)"};
+        return;
+      case InPlace::kAllowed:
+        break;
+    }
+    if (!stream_agrees(*buffer, pos, slot, node)) {
       reason = {"other_stream",
                 "the gradient is accumulated on another device or stream "
                 "than the running node's"};

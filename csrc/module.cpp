@@ -101,7 +101,6 @@ PYBIND11_MODULE(_C, m) {
         return torch_ctxext::explain_input_grad_buffers(ctx.ptr());
       },
       py::arg("ctx"));
-  m.attr("provides_boxed_grads") = torch_ctxext::kProvidesBoxedGrads;
   m.def(
       "install_boxed_grads_path",
       [](py::handle ctx, py::handle entry) {

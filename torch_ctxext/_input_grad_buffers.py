@@ -14,9 +14,6 @@ REENTRANT_ERROR = (
     "Calling backward or grad reentrantly after accessing a non-None "
     "ctx.input_grad_buffers entry is not supported"
 )
-OUTSIDE_BACKWARD_ERROR = (
-    "input_grad_buffers can only be accessed while autograd is executing backward()"
-)
 
 # The attribute a ctx carries once it handed out a buffer (set by the C getter):
 # the id of the graph task that was running, so that the mark only ever

@@ -252,10 +252,7 @@ def install(ext):
     _set_output_grad_dtype.__name__ = "set_output_grad_dtype"
     _set_output_grad_dtype.__qualname__ = "FunctionCtx.set_output_grad_dtype"
     FunctionCtx.set_output_grad_dtype = _set_output_grad_dtype
-    original = Function.__dict__["apply"].__func__
-    if getattr(original, "__name__", "") == "apply" and not isinstance(
-        original, type(len)
-    ):  # not wrapped yet (the wrapper is a builtin)
-        wrapped = ext.make_apply(original, _resolve)
-        Function.apply = classmethod(wrapped)
+    if "_torch_ctxext_original_apply" not in Function.__dict__:  # not wrapped yet
+        original = Function.__dict__["apply"].__func__
+        Function.apply = classmethod(ext.make_apply(original, _resolve))
         Function._torch_ctxext_original_apply = original
