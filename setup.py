@@ -47,6 +47,8 @@ ext = CppExtension(
         "csrc/input_grad_buffers.cpp",
         "csrc/output_grad_dtype.cpp",
         "csrc/boxed_grads.cpp",
+        "csrc/direct_accumulation.cpp",
+        "csrc/patching.cpp",
     ],
     define_macros=[
         ("TORCH_CTXEXT_BUILT_FOR_TORCH", c_string(torch.__version__)),
@@ -62,6 +64,9 @@ setup(
     version="0.1.0",
     description="The whole documented ctx contract of torch.autograd.Function on the torch you have",
     packages=find_packages(include=["torch_ctxext", "torch_ctxext.*"]),
+    # The pytest plugin is a module of its own, outside the package: pytest
+    # loads it in every run, and importing the package would patch torch.
+    py_modules=["torch_ctxext_pytest"],
     package_data={"torch_ctxext": ["py.typed"]},
     python_requires=">=3.10",
     install_requires=[f"torch{SUPPORTED}"],
@@ -69,6 +74,6 @@ setup(
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     entry_points={
         "console_scripts": ["torch-ctxext=torch_ctxext.__main__:main"],
-        "pytest11": ["torch_ctxext = torch_ctxext.pytest_plugin"],
+        "pytest11": ["torch_ctxext = torch_ctxext_pytest"],
     },
 )

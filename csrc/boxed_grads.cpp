@@ -7,15 +7,17 @@
 // keeps them alive until backward returns; nothing in Python can release
 // them. We therefore replace PyNode's `apply` vtable slot with a function
 // that, for boxed Functions only, moves the grads out of the engine's vector
-// into a list, points the ctx's `apply` at `apply_boxed(list)` for this one
-// call, and hands the original PyNode::apply tiny placeholders instead (its
-// output processing and error messages stay torch's own). Other Functions go
-// straight to the original.
+// into a list, leaves that list for this thread's next take_boxed_grads(ctx)
+// (which BackwardCFunction.apply calls first), and hands the original
+// PyNode::apply tiny placeholders instead (its output processing and error
+// messages stay torch's own). Nothing shared is mutated per call: two threads
+// running backward through one retained graph each get their own grads.
+// Other Functions go straight to the original.
 #include "boxed_grads.h"
 
+#include "patching.h"
+
 #include <dlfcn.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Exceptions.h>
@@ -24,11 +26,10 @@
 
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <stdexcept>
-#include <typeinfo>
 #include <string>
-#include <vector>
+#include <typeinfo>
+#include <unordered_map>
 
 namespace torch_ctxext {
 
@@ -41,9 +42,6 @@ using torch::autograd::variable_list;
 using ApplyFn = variable_list (*)(Node*, variable_list&&);
 
 ApplyFn original_apply = nullptr;
-// Python: entry(ctx, grads_list, *placeholders) -> ctx.apply_boxed(grads_list)
-PyObject* boxed_entry = nullptr;
-PyObject* functools_partial = nullptr;
 
 // Itanium C++ ABI: a pointer to a virtual member function holds 1 + the byte
 // offset of its slot in the vtable. (Node::apply is protected: a derived
@@ -65,7 +63,34 @@ size_t apply_slot() {
   return (raw[0] - 1) / sizeof(void*);
 }
 
-bool is_boxed(PyObject* ctx) {
+// --- is this Function boxed? (under the GIL) --------------------------------
+//
+// Asked on every PyNode apply, so cached per ctx class. A class's
+// tp_version_tag changes whenever an attribute of it or of a base is set
+// (PyType_Modified), as CPython's own method cache relies on: an entry is
+// used only while both the ctx class's and its Function class's tags are the
+// ones it was computed under. A class freed and another allocated at its
+// address gets a new tag.
+
+bool version_tag_valid(PyTypeObject* type) {
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+  return PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG) &&
+      type->tp_version_tag != 0;
+#else
+  return type->tp_version_tag != 0;
+#endif
+}
+
+struct BoxedEntry {
+  unsigned int ctx_tag;
+  PyTypeObject* function_cls;  // alive while the ctx class is (_forward_cls)
+  unsigned int function_tag;
+  bool boxed;
+};
+
+std::unordered_map<PyTypeObject*, BoxedEntry> boxed_cache;
+
+bool lookup_boxed(PyObject* ctx, PyObject** function_cls) {
   THPObjectPtr cls(PyObject_GetAttrString(ctx, "_forward_cls"));
   if (!cls) {
     PyErr_Clear();
@@ -80,83 +105,92 @@ bool is_boxed(PyObject* ctx) {
   if (truth < 0) {
     PyErr_Clear();
   }
+  *function_cls = cls.get();  // borrowed: the ctx class holds it
   return truth == 1;
 }
 
-// For the duration of one call, ctx.apply (which PyNode::apply looks up on
-// the object) is partial(entry, ctx, grads): the engine's call then reaches
-// ctx.apply_boxed(grads), as on torch 2.13. A ctx's own instance attribute
-// `apply`, if any, is put back afterwards.
-class ApplyRedirect {
+bool is_boxed(PyObject* ctx) {
+  PyTypeObject* ctx_cls = Py_TYPE(ctx);
+  auto it = boxed_cache.find(ctx_cls);
+  if (it != boxed_cache.end() && version_tag_valid(ctx_cls) &&
+      ctx_cls->tp_version_tag == it->second.ctx_tag &&
+      version_tag_valid(it->second.function_cls) &&
+      it->second.function_cls->tp_version_tag == it->second.function_tag) {
+    return it->second.boxed;
+  }
+  PyObject* function_cls = nullptr;
+  const bool boxed = lookup_boxed(ctx, &function_cls);
+  if (function_cls != nullptr && PyType_Check(function_cls) &&
+      version_tag_valid(ctx_cls) &&
+      version_tag_valid(reinterpret_cast<PyTypeObject*>(function_cls))) {
+    if (boxed_cache.size() >= 4096) {
+      boxed_cache.clear();  // classes made in a loop: keep the cache small
+    }
+    auto* fn_type = reinterpret_cast<PyTypeObject*>(function_cls);
+    boxed_cache[ctx_cls] = {ctx_cls->tp_version_tag, fn_type,
+                            fn_type->tp_version_tag, boxed};
+  }
+  return boxed;
+}
+
+// --- the grads of the engine's current boxed call, per thread ---------------
+
+thread_local PyObject* pending_ctx = nullptr;    // borrowed
+thread_local PyObject* pending_grads = nullptr;  // owned until taken
+
+// Leaves `grads` for take_boxed_grads(ctx) during one original apply, and
+// puts back what was pending before (a nested engine call on this thread)
+// on every exit path. Constructed and destroyed under the GIL.
+class PendingGrads {
  public:
-  ApplyRedirect(PyObject* ctx, PyObject* grads) : ctx_(ctx) {
-    PyObject** dict = _PyObject_GetDictPtr(ctx);
-    if (dict != nullptr && *dict != nullptr) {
-      PyObject* own = PyDict_GetItemString(*dict, "apply");  // borrowed
-      if (own != nullptr) {
-        Py_INCREF(own);
-        saved_ = own;
-      }
-    }
-    THPObjectPtr redirect(PyObject_CallFunctionObjArgs(
-        functools_partial, boxed_entry, ctx, grads, nullptr));
-    if (!redirect || PyObject_SetAttrString(ctx, "apply", redirect.get()) < 0) {
-      Py_XDECREF(saved_);
-      throw python_error();
-    }
+  PendingGrads(PyObject* ctx, PyObject* grads)
+      : saved_ctx_(pending_ctx), saved_grads_(pending_grads) {
+    pending_ctx = ctx;
+    pending_grads = grads;
   }
-  ~ApplyRedirect() {
-    pybind11::gil_scoped_acquire gil;
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    if (saved_ != nullptr) {
-      PyObject_SetAttrString(ctx_, "apply", saved_);
-      Py_DECREF(saved_);
-    } else {
-      PyObject_DelAttrString(ctx_, "apply");
-    }
-    PyErr_Clear();
-    PyErr_Restore(type, value, traceback);
+  ~PendingGrads() {
+    Py_XDECREF(pending_grads);  // not taken: apply never reached Python
+    pending_ctx = saved_ctx_;
+    pending_grads = saved_grads_;
   }
+  PendingGrads(const PendingGrads&) = delete;
+  PendingGrads& operator=(const PendingGrads&) = delete;
 
  private:
-  PyObject* ctx_;
-  PyObject* saved_ = nullptr;
+  PyObject* saved_ctx_;
+  PyObject* saved_grads_;
 };
 
 variable_list boxed_apply(Node* self, variable_list&& inputs) {
-  std::unique_ptr<ApplyRedirect> redirect;
-  {
-    pybind11::gil_scoped_acquire gil;
-    PyObject* ctx = static_cast<PyNode*>(self)->obj;
-    if (is_boxed(ctx)) {
-      auto* fn = reinterpret_cast<THPFunction*>(ctx);
-      at::OptionalDeviceGuard device_guard;
-      THPObjectPtr grads(PyList_New(static_cast<Py_ssize_t>(inputs.size())));
-      if (!grads) {
-        throw python_error();
-      }
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        at::Tensor grad = std::move(inputs[i]);  // the engine keeps nothing
-        // Materialize as PyNode::apply would (python_function.cpp, to_py_args).
-        if (!grad.defined() && fn->materialize_grads &&
-            !(self->input_metadata(i).was_default_constructed() &&
-              !fn->materialize_non_diff_grads) &&
-            i < fn->output_info.size()) {
-          pybind11::gil_scoped_release no_gil;
-          grad = fn->output_info[i].zeros(device_guard);
-        }
-        PyObject* item = THPVariable_Wrap(std::move(grad));
-        if (item == nullptr) {
-          throw python_error();
-        }
-        PyList_SET_ITEM(grads.get(), static_cast<Py_ssize_t>(i), item);
-      }
-      redirect = std::make_unique<ApplyRedirect>(ctx, grads.get());
-    }
-  }
-  if (!redirect) {
+  // PyNode::apply takes the GIL first thing; taking it here instead costs no
+  // extra round trip (its own acquire then only counts).
+  pybind11::gil_scoped_acquire gil;
+  PyObject* ctx = static_cast<PyNode*>(self)->obj;
+  if (!is_boxed(ctx)) {
     return original_apply(self, std::move(inputs));
+  }
+  auto* fn = reinterpret_cast<THPFunction*>(ctx);
+  at::OptionalDeviceGuard device_guard;
+  PyObject* grads = PyList_New(static_cast<Py_ssize_t>(inputs.size()));
+  if (grads == nullptr) {
+    throw python_error();
+  }
+  PendingGrads pending(ctx, grads);  // owns grads from here
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    at::Tensor grad = std::move(inputs[i]);  // the engine keeps nothing
+    // Materialize as PyNode::apply would (python_function.cpp, to_py_args).
+    if (!grad.defined() && fn->materialize_grads &&
+        !(self->input_metadata(i).was_default_constructed() &&
+          !fn->materialize_non_diff_grads) &&
+        i < fn->output_info.size()) {
+      pybind11::gil_scoped_release no_gil;
+      grad = fn->output_info[i].zeros(device_guard);
+    }
+    PyObject* item = THPVariable_Wrap(std::move(grad));
+    if (item == nullptr) {
+      throw python_error();
+    }
+    PyList_SET_ITEM(grads, static_cast<Py_ssize_t>(i), item);
   }
   // Placeholders keep PyNode::apply from materializing zeros we already made.
   variable_list placeholders(inputs.size(), at::empty({0}));
@@ -165,20 +199,18 @@ variable_list boxed_apply(Node* self, variable_list&& inputs) {
 
 }  // namespace
 
-void install_boxed_grads_path(PyObject* sample_ctx, PyObject* entry) {
-  if (boxed_entry == nullptr) {
-    THPObjectPtr functools(PyImport_ImportModule("functools"));
-    if (!functools) {
-      throw python_error();
-    }
-    functools_partial = PyObject_GetAttrString(functools.get(), "partial");
-    if (functools_partial == nullptr) {
-      throw python_error();
-    }
-    Py_INCREF(entry);
-    boxed_entry = entry;
+PyObject* take_boxed_grads(PyObject* ctx) {
+  if (ctx == nullptr || ctx != pending_ctx || pending_grads == nullptr) {
+    Py_RETURN_NONE;
   }
-  Node* node = node_of(as_ctx(sample_ctx));
+  PyObject* grads = pending_grads;  // the reference passes to the caller
+  pending_grads = nullptr;
+  pending_ctx = nullptr;
+  return grads;
+}
+
+void install_boxed_grads_path(PyObject* sample_ctx) {
+  Node* node = node_of(as_ctx(sample_ctx, "install_boxed_grads_path"));
   if (node == nullptr) {
     throw std::invalid_argument("torch_ctxext: the sample ctx has no node");
   }
@@ -201,19 +233,16 @@ void install_boxed_grads_path(PyObject* sample_ctx, PyObject* entry) {
         "torch build; boxed_grads_call is unavailable");
   }
   original_apply = reinterpret_cast<ApplyFn>(vtable[slot]);
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  auto* start = reinterpret_cast<void*>(
-      reinterpret_cast<uintptr_t>(&vtable[slot]) & ~(page - 1));
-  if (mprotect(start, page, PROT_READ | PROT_WRITE) != 0) {
-    throw std::runtime_error("torch_ctxext: cannot patch PyNode's vtable");
-  }
-  vtable[slot] = reinterpret_cast<void*>(&boxed_apply);
-  mprotect(start, page, PROT_READ);
+  write_code_pointer(&vtable[slot], reinterpret_cast<void*>(&boxed_apply));
 }
 
 #else  // torch >= 2.13 has boxed_grads_call natively
 
-void install_boxed_grads_path(PyObject*, PyObject*) {
+PyObject* take_boxed_grads(PyObject*) {
+  Py_RETURN_NONE;
+}
+
+void install_boxed_grads_path(PyObject*) {
   throw std::logic_error("torch_ctxext: boxed grads are native on this torch");
 }
 

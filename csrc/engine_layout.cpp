@@ -1,37 +1,56 @@
 #include "engine_layout.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstddef>
-#include <stdexcept>
 #include <string>
 
 namespace torch_ctxext {
 
-THPFunction* as_ctx(PyObject* obj) {
-  if (obj == nullptr || !THPFunction_Check(obj)) {
-    throw std::invalid_argument(
-        std::string("expected the ctx of a custom autograd.Function, got ") +
+bool is_ctx(PyObject* obj) {
+  return obj != nullptr && PyType_IsSubtype(Py_TYPE(obj), &THPFunctionType);
+}
+
+THPFunction* as_ctx(PyObject* obj, const char* who) {
+  if (!is_ctx(obj)) {
+    throw NotACtxError(
+        std::string(who) +
+        " expects the ctx of a custom autograd.Function (the object its "
+        "forward and backward receive as ctx), but got an object of type " +
         (obj ? Py_TYPE(obj)->tp_name : "NULL"));
   }
   return reinterpret_cast<THPFunction*>(obj);
 }
 
-GraphTask* current_graph_task() {
-  const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();
-  if (exec_info == nullptr) {
-    return nullptr;
-  }
+namespace {
+
+GraphTask* task_from_exec_info(const void* exec_info) {
   // GraphTask is not standard-layout (it has a base class and std::atomic
   // members), so offsetof is "conditionally supported"; GCC and Clang compute
   // it exactly as the compiler that built libtorch laid the struct out.
   const auto offset = offsetof(GraphTask, exec_info_);
-  auto* task = reinterpret_cast<GraphTask*>(
-      reinterpret_cast<char*>(const_cast<void*>(
-          static_cast<const void*>(exec_info))) -
-      offset);
+  return reinterpret_cast<GraphTask*>(
+      reinterpret_cast<char*>(const_cast<void*>(exec_info)) - offset);
+}
+
+}  // namespace
+
+GraphTask* current_graph_task_unchecked() {
+  const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();
+  return exec_info == nullptr ? nullptr : task_from_exec_info(exec_info);
+}
+
+GraphTask* current_graph_task() {
+  GraphTask* task = current_graph_task_unchecked();
+  if (task == nullptr) {
+    return nullptr;
+  }
   const auto* nodes = torch::autograd::get_current_graph_task_nodes_in_graph();
-  const auto id = torch::autograd::get_current_graph_task_id();
-  if (nodes != &task->nodes_in_graph_ ||
-      static_cast<int64_t>(task->id_) != static_cast<int64_t>(id)) {
+  // get_current_graph_task_id() converts the 64-bit id to int: compare the
+  // same conversion, or every read fails once 2^31 tasks have run.
+  const int id = torch::autograd::get_current_graph_task_id();
+  if (nodes != &task->nodes_in_graph_ || static_cast<int>(task->id_) != id) {
     throw std::runtime_error(
         "torch_ctxext: the autograd GraphTask layout of the running torch does "
         "not match the headers the extension was built with. Rebuild "
@@ -39,6 +58,115 @@ GraphTask* current_graph_task() {
         "--no-build-isolation --force-reinstall --no-deps torch_ctxext");
   }
   return task;
+}
+
+namespace {
+
+// at::ThreadLocalState keeps the task's grad mode in a private member and has
+// no getter before torch 2.15. An explicit template instantiation may name a
+// private member ([temp.spec.general]/6); the friend function it defines hands
+// out the member pointer, with the offset the compiler computes from the
+// headers, so nothing is read by a guessed layout.
+struct AutogradTlsMember {
+  using type = c10::AutogradState at::ThreadLocalState::*;
+  friend type member_pointer(AutogradTlsMember);
+};
+
+template <typename Tag, typename Tag::type Member>
+struct ExposeMember {
+  friend typename Tag::type member_pointer(Tag) {
+    return Member;
+  }
+};
+
+template struct ExposeMember<AutogradTlsMember, &at::ThreadLocalState::autograd_tls_>;
+
+}  // namespace
+
+bool task_creates_graph(const GraphTask* task) {
+  const at::ThreadLocalState& state = task->thread_locals_;
+  return (state.*member_pointer(AutogradTlsMember{})).get_grad_mode();
+}
+
+bool held_by_this_thread(std::mutex& mutex) {
+#if defined(__GLIBC__)
+  const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
+  return __atomic_load_n(&mutex.native_handle()->__data.__owner, __ATOMIC_RELAXED) == self;
+#else
+  (void)mutex;
+  return false;
+#endif
+}
+
+}  // namespace torch_ctxext
+
+namespace torch_ctxext {
+
+CtxLayoutFacts read_ctx_layout(PyObject* obj) {
+  THPFunction* ctx = as_ctx(obj, "read_ctx_layout");
+  CtxLayoutFacts facts;
+  facts.ctx_size = sizeof(THPFunction);
+  facts.is_variable_input = ctx->is_variable_input;
+  facts.materialize_grads = ctx->materialize_grads;
+  Node* node = node_of(ctx);
+  facts.has_node = node != nullptr;
+  if (node == nullptr) {
+    return facts;
+  }
+  auto* py_node = static_cast<torch::autograd::PyNode*>(node);
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12
+  facts.node_points_back = py_node->obj == obj;
+#else
+  facts.node_points_back = py_node->pyobj() == obj;
+#endif
+  for (size_t i = 0; i < node->num_outputs(); ++i) {
+    facts.edge_valid.push_back(node->next_edge(i).is_valid());
+  }
+  for (size_t i = 0; i < node->num_inputs(); ++i) {
+    const auto& meta = node->input_metadata(i);
+    facts.input_default.push_back(meta.was_default_constructed());
+    if (meta.was_default_constructed()) {
+      facts.input_dtype.push_back(-1);
+      facts.input_shape.emplace_back();
+      continue;
+    }
+    facts.input_dtype.push_back(static_cast<int>(
+        c10::typeMetaToScalarType(meta.dtype())));
+    std::vector<int64_t> shape;
+    if (!meta.is_nested_tensor()) {
+      for (const auto& s : meta.shape_as_dim_vector()) {
+        shape.push_back(s.guard_int(__FILE__, __LINE__));
+      }
+    }
+    facts.input_shape.push_back(shape);
+  }
+  for (const auto& info : ctx->output_info) {
+    facts.output_dtype.push_back(static_cast<int>(info.scalar_type));
+    std::vector<int64_t> shape;
+    for (const auto& s : info.size) {
+      shape.push_back(s.guard_int(__FILE__, __LINE__));
+    }
+    facts.output_shape.push_back(shape);
+  }
+  return facts;
+}
+
+TaskLayoutFacts read_task_layout() {
+  TaskLayoutFacts facts;
+  GraphTask* task = current_graph_task();
+  if (task == nullptr) {
+    return facts;
+  }
+  facts.found = true;
+  facts.creates_graph = task_creates_graph(task);
+  facts.exec_info_empty = task->exec_info_.empty();
+  facts.post_processing = task_in_post_processing(task);
+  facts.holds_lock = held_by_this_thread(task->mutex_);
+  if (!facts.holds_lock) {
+    std::lock_guard<std::mutex> lock(task->mutex_);
+    facts.not_ready = static_cast<int64_t>(task->not_ready_.size());
+  }
+  return facts;
 }
 
 }  // namespace torch_ctxext

@@ -4,13 +4,16 @@
 // to each of this Function's inputs sit in the consumer's InputBuffer inside
 // GraphTask::not_ready_. We hand out a slot only when the engine itself would
 // be allowed to accumulate into it in place (input_buffer.cpp,
-// can_accumulate_inplace), so that a backward which adds into it and returns
-// None computes exactly what the engine would have.
+// can_accumulate_inplace) and when torch 2.15's thread and stream rules for
+// direct accumulation hold (direct_accumulation.h), so that a backward which
+// adds into it and returns None computes exactly what the engine would have.
 #include "input_grad_buffers.h"
+
+#include "direct_accumulation.h"
 
 #include <ATen/CachedTensorUtils.h>
 #include <ATen/TensorSubclassLikeUtils.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <ATen/Context.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/input_buffer.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -23,8 +26,6 @@
 namespace torch_ctxext {
 
 namespace {
-
-using torch::autograd::InputBuffer;
 
 enum class SlotState { kNotATensor, kNoGradient, kEmpty, kFilled };
 
@@ -68,81 +69,100 @@ InPlace in_place_rule(const at::Tensor& v) {
   return InPlace::kAllowed;
 }
 
-// On an accelerator a slot is usable only from the stream the engine
-// accumulates it on, and only when that is the stream the running node (and
-// therefore the user's backward) is on. CPU slots have no streams.
-bool stream_agrees(InputBuffer& buffer, size_t pos, const at::Tensor& slot,
-                   Node* running) {
-  const auto device = slot.device();
-  if (device.is_cpu()) {
-    return true;
-  }
-  const auto& accum = buffer.opt_accum_streams[pos];
-  const auto node_stream = running->stream();
-  if (!accum.has_value() || !node_stream.has_value() ||
-      *accum != *node_stream || accum->device() != device) {
-    return false;
-  }
-  const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
-  return impl->getStream(device) == *accum;
-}
-
-}  // namespace
-
-namespace {
-
-// The checks every read starts with; throws torch 2.15's error when the
-// property is not available. Returns the running task.
+// The checks every read starts with, in torch 2.15's order (python_function.cpp
+// THPFunction_input_grad_buffers, then engine.cpp get_current_input_grad_buffers);
+// throws torch 2.15's error when the property is not available. Returns the
+// running task.
 GraphTask* running_task_for(Node* node) {
+  if (node == nullptr) {
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12
+    // cdata is weak up to 2.12: the node of a ctx whose graph was freed is
+    // gone, and that ctx is certainly not executing.
+    throw std::runtime_error(kOutsideBackward);
+#else
+    throw std::runtime_error(kLegacyAccess);
+#endif
+  }
+  if (!node->post_hooks().empty()) {
+    throw std::runtime_error(kPostHooks);
+  }
   GraphTask* task = current_graph_task();
   if (task == nullptr) {
     throw std::runtime_error(kOutsideBackward);
   }
-  if (node == nullptr || torch::autograd::get_current_node().get() != node) {
+  if (torch::autograd::get_current_node().get() != node) {
     throw std::runtime_error(kNotTheExecutingNode);
   }
-  // Precedence as in torch 2.15: post-hooks, then create_graph, then anomaly.
-  if (!node->post_hooks().empty()) {
-    throw std::runtime_error(kPostHooks);
+  // The engine holds the task's mutex_ while final callbacks run; reading
+  // (a callback queued by an inner graph, reading an outer ctx) would wait on
+  // that lock forever.
+  if (task_in_post_processing(task)) {
+    throw std::runtime_error(kPostProcessing);
   }
-  // The engine runs backward with grad mode equal to create_graph.
-  if (c10::GradMode::is_enabled()) {
+  if (task_creates_graph(task)) {
     throw std::runtime_error(kCreateGraph);
   }
   if (torch::autograd::AnomalyMode::is_enabled()) {
     throw std::runtime_error(kAnomaly);
   }
+#if !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12)
+  if (at::globalContext().overrideStaleCaptureStream()) {
+    throw std::runtime_error(kStaleCaptureStream);
+  }
+#endif
   return task;
 }
 
-// Calls visit(i, state, buffer, pos) for each argument (buffer is null
-// unless state is kFilled), under the task's mutex with the GIL released.
+// What one argument's slot is, for visit() below.
+struct Slot {
+  SlotState state = SlotState::kNotATensor;
+  InputBuffer* buffer = nullptr;  // set when kFilled
+  size_t pos = 0;
+  Node* consumer = nullptr;       // set unless kNotATensor / kNoGradient
+};
+
+// Calls visit(i, slot) for each argument, under the task's mutex with the
+// GIL released (a thread holding the mutex may be waiting for the GIL).
 template <typename Visit>
 void for_each_slot(THPFunction* ctx, Node* node, GraphTask* task,
                    Visit&& visit) {
   const std::vector<bool>& is_tensor_arg = ctx->is_variable_input;
   PyThreadState* saved = PyEval_SaveThread();
   try {
+    if (held_by_this_thread(task->mutex_)) {
+      // Every engine path that holds the lock while Python runs is refused
+      // above (post-processing); this stops any other from deadlocking.
+      throw std::runtime_error(
+          "torch_ctxext: input_grad_buffers cannot be read here: this thread "
+          "already holds the running graph task's lock, and waiting for it "
+          "would never return");
+    }
     std::lock_guard<std::mutex> lock(task->mutex_);
     size_t edge_index = 0;
     for (size_t i = 0; i < is_tensor_arg.size(); ++i) {
+      Slot slot;
       if (!is_tensor_arg[i] || edge_index >= node->num_outputs()) {
-        visit(i, SlotState::kNotATensor, nullptr, 0);
+        visit(i, slot);
         continue;
       }
       const auto& edge = node->next_edge(edge_index++);
       if (!edge.is_valid()) {
-        visit(i, SlotState::kNoGradient, nullptr, 0);
+        slot.state = SlotState::kNoGradient;
+        visit(i, slot);
         continue;
       }
-      auto it = task->not_ready_.find(edge.function.get());
-      const auto pos = static_cast<size_t>(edge.input_nr);
-      if (it == task->not_ready_.end() || pos >= it->second.buffer.size() ||
-          !it->second.buffer[pos].defined()) {
-        visit(i, SlotState::kEmpty, nullptr, 0);
+      slot.consumer = edge.function.get();
+      slot.pos = static_cast<size_t>(edge.input_nr);
+      auto it = task->not_ready_.find(slot.consumer);
+      if (it == task->not_ready_.end() || slot.pos >= it->second.buffer.size() ||
+          !it->second.buffer[slot.pos].defined()) {
+        slot.state = SlotState::kEmpty;
+        visit(i, slot);
         continue;
       }
-      visit(i, SlotState::kFilled, &it->second, pos);
+      slot.state = SlotState::kFilled;
+      slot.buffer = &it->second;
+      visit(i, slot);
     }
   } catch (...) {
     PyEval_RestoreThread(saved);
@@ -151,30 +171,65 @@ void for_each_slot(THPFunction* ctx, Node* node, GraphTask* task,
   PyEval_RestoreThread(saved);
 }
 
+// Throws torch 2.15's error when direct accumulation into `slot` from the
+// running node is not allowed (called under the task's mutex, for a slot
+// the in-place rule allows).
+void validate_exposure(GraphTask* task, Node* node, const Slot& slot) {
+  const auto thread = exposing_thread(task, slot.consumer, slot.pos);
+  validate_direct_accumulation(
+      *slot.buffer, slot.pos, slot.buffer->buffer[slot.pos].device(),
+      node->stream(), consumer_stream(*slot.buffer, slot.consumer),
+      thread.value_or(std::this_thread::get_id()));
+}
+
+// Whether producers other than `node` have still to reach `consumer`'s
+// buffer (under the task's mutex): the engine counts the producers each node
+// is waiting for, and `node` has not delivered its own yet.
+bool expects_later_producers(GraphTask* task, Node* node, Node* consumer) {
+  auto it = task->dependencies_.find(consumer);
+  if (it == task->dependencies_.end()) {
+    return false;
+  }
+  const auto& edges = node->next_edges();
+  const auto own = std::count_if(edges.begin(), edges.end(), [&](const auto& e) {
+    return e.function.get() == consumer;
+  });
+  return it->second > own;
+}
+
 }  // namespace
 
 PyObject* input_grad_buffers(PyObject* ctx_obj) {
-  THPFunction* ctx = as_ctx(ctx_obj);
+  THPFunction* ctx = as_ctx(ctx_obj, "input_grad_buffers");
   Node* node = node_of(ctx);
   GraphTask* task = running_task_for(node);
+  // Places the engine hook if it is needed, before the task's lock is taken.
+  const bool later_ok = later_producers_validated();
 
-  const std::vector<bool>& is_tensor_arg = ctx->is_variable_input;
-  const size_t num_args = is_tensor_arg.size();
+  const size_t num_args = ctx->is_variable_input.size();
   std::vector<at::Tensor> exposed(num_args);
-  for_each_slot(ctx, node, task,
-                [&](size_t i, SlotState state, InputBuffer* buffer, size_t pos) {
-                  if (state != SlotState::kFilled) {
-                    return;
-                  }
-                  const at::Tensor& slot = buffer->buffer[pos];
-                  if (in_place_rule(slot) == InPlace::kAllowed &&
-                      stream_agrees(*buffer, pos, slot, node)) {
-                    // Taking the reference raises the slot's use count, so a
-                    // second argument reaching the same slot (f(x, x)) is
-                    // not exposed again.
-                    exposed[i] = slot;
-                  }
-                });
+  bool any = false;
+  for_each_slot(ctx, node, task, [&](size_t i, const Slot& slot) {
+    if (slot.state != SlotState::kFilled) {
+      return;
+    }
+    const at::Tensor& tensor = slot.buffer->buffer[slot.pos];
+    if (in_place_rule(tensor) != InPlace::kAllowed) {
+      return;
+    }
+    validate_exposure(task, node, slot);
+    if (!later_ok && expects_later_producers(task, node, slot.consumer)) {
+      return;
+    }
+    record_exposure(task, slot.consumer, slot.pos);
+    // Taking the reference raises the slot's use count, so a second argument
+    // reaching the same slot (f(x, x)) is not exposed again.
+    exposed[i] = tensor;
+    any = true;
+  });
+  if (any) {
+    mark_exposed(task, node);
+  }
 
   PyObject* result = PyTuple_New(static_cast<Py_ssize_t>(num_args));
   if (result == nullptr) {
@@ -199,25 +254,18 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
 
 std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
     PyObject* ctx_obj) {
-  THPFunction* ctx = as_ctx(ctx_obj);
+  THPFunction* ctx = as_ctx(ctx_obj, "explain");
   Node* node = node_of(ctx);
   GraphTask* task = running_task_for(node);
+  const bool later_ok = later_producers_validated();
   std::vector<std::pair<std::string, std::string>> reasons(
       ctx->is_variable_input.size());
-  size_t edge_index = 0;
-  std::vector<Node*> consumers(reasons.size(), nullptr);
-  for (size_t i = 0; i < reasons.size(); ++i) {
-    if (ctx->is_variable_input[i] && edge_index < node->num_outputs()) {
-      consumers[i] = node->next_edge(edge_index++).function.get();
-    }
-  }
   // (buffer, slot) -> the first argument that reached it
   std::vector<std::pair<std::pair<InputBuffer*, size_t>, size_t>> seen;
-  for_each_slot(ctx, node, task, [&](size_t i, SlotState state,
-                                     InputBuffer* buffer, size_t pos) {
+  for_each_slot(ctx, node, task, [&](size_t i, const Slot& slot) {
     auto& reason = reasons[i];
-    if (state == SlotState::kFilled) {
-      const std::pair<InputBuffer*, size_t> key{buffer, pos};
+    if (slot.state == SlotState::kFilled) {
+      const std::pair<InputBuffer*, size_t> key{slot.buffer, slot.pos};
       auto first = std::find_if(seen.begin(), seen.end(),
                                 [&](const auto& s) { return s.first == key; });
       if (first != seen.end()) {
@@ -233,7 +281,7 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
       }
       seen.push_back({key, i});
     }
-    switch (state) {
+    switch (slot.state) {
       case SlotState::kNotATensor:
         reason = {"not_a_tensor", "the argument is not a tensor"};
         return;
@@ -243,7 +291,7 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
       case SlotState::kEmpty: {
         const auto& exec_info = task->exec_info_;
         if (!exec_info.empty()) {
-          auto it = exec_info.find(consumers[i]);
+          auto it = exec_info.find(slot.consumer);
           if (it == exec_info.end() || !it->second.should_execute()) {
             reason = {"not_needed",
                       "this backward does not compute the input's gradient "
@@ -259,8 +307,8 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
       case SlotState::kFilled:
         break;
     }
-    const at::Tensor& slot = buffer->buffer[pos];
-    switch (in_place_rule(slot)) {
+    const at::Tensor& tensor = slot.buffer->buffer[slot.pos];
+    switch (in_place_rule(tensor)) {
       case InPlace::kSubclass:
         reason = {"subclass", "the gradient is a tensor subclass"};
         return;
@@ -277,64 +325,74 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
       case InPlace::kShared:
         reason = {"shared",
                   "the gradient tensor has " +
-                      std::to_string(slot.use_count() - 1) +
+                      std::to_string(tensor.use_count() - 1) +
                       " other owner(s) (another buffer, a root gradient the "
                       "caller holds, or a buffer you still hold)"};
         return;
       case InPlace::kStorageShared:
         reason = {"storage_shared",
                   "the gradient's storage has " +
-                      std::to_string(slot.has_storage()
-                                         ? slot.storage().use_count() - 1
+                      std::to_string(tensor.has_storage()
+                                         ? tensor.storage().use_count() - 1
                                          : 0) +
                       " other owner(s) (a view of a shared storage)"};
         return;
       case InPlace::kAllowed:
         break;
     }
-    if (!stream_agrees(*buffer, pos, slot, node)) {
-      reason = {"other_stream",
-                "the gradient is accumulated on another device or stream "
-                "than the running node's"};
-    } else {
-      reason = {"exposed", "the buffer is exposed"};
+    try {
+      validate_exposure(task, node, slot);
+    } catch (const std::exception& e) {
+      reason = {"refused", e.what()};
+      return;
     }
+    if (!later_ok && expects_later_producers(task, node, slot.consumer)) {
+      reason = {"later_producers_unvalidated",
+                "producers that run later may use another engine thread or "
+                "stream, and torch_ctxext could not place the engine hook "
+                "that validates them on this torch build"};
+      return;
+    }
+    reason = {"exposed", "the buffer is exposed"};
   });
   return reasons;
 }
 
 namespace {
 
-PyObject* guarded_run_backward = nullptr;  // the original, a Python function
-PyObject* reentrancy_check = nullptr;      // raises when a buffer was handed out
+PyObject* guarded_run_backward = nullptr;  // the engine's run_backward, bound
 
 PyObject* run_backward_guarded(PyObject* /*module*/, PyObject* const* args,
                                size_t nargsf, PyObject* kwnames) {
-  if (torch::autograd::get_current_node()) {
-    PyObject* r = PyObject_CallNoArgs(reentrancy_check);
-    if (r == nullptr) {
+  if (auto node = torch::autograd::get_current_node()) {
+    try {
+      GraphTask* task = current_graph_task();
+      if (task != nullptr && exposed_in(task, node.get())) {
+        PyErr_SetString(PyExc_RuntimeError, kReentrant);
+        return nullptr;
+      }
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
       return nullptr;
     }
-    Py_DECREF(r);
   }
   return PyObject_Vectorcall(guarded_run_backward, args, nargsf, kwnames);
 }
 
 PyMethodDef guard_def = {
-    "_engine_run_backward",
+    "run_backward",
     reinterpret_cast<PyCFunction>(
         reinterpret_cast<void (*)(void)>(run_backward_guarded)),
-    METH_FASTCALL | METH_KEYWORDS, nullptr};
+    METH_FASTCALL | METH_KEYWORDS,
+    "The engine's run_backward, refused inside a backward that handed out a "
+    "buffer of ctx.input_grad_buffers (torch_ctxext)."};
 
 }  // namespace
 
-PyObject* make_reentrancy_guard(PyObject* original, PyObject* check) {
+PyObject* make_reentrancy_guard(PyObject* original) {
   Py_XDECREF(guarded_run_backward);
-  Py_XDECREF(reentrancy_check);
   Py_INCREF(original);
-  Py_INCREF(check);
   guarded_run_backward = original;
-  reentrancy_check = check;
   return PyCFunction_New(&guard_def, nullptr);
 }
 

@@ -2,9 +2,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 
 #include "boxed_grads.h"
+#include "direct_accumulation.h"
 #include "engine_layout.h"
 #include "input_grad_buffers.h"
 #include "output_grad_dtype.h"
@@ -27,58 +29,89 @@ std::optional<at::ScalarType> to_scalar_type(py::handle dtype) {
   return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
 }
 
-// The getter of FunctionCtx.input_grad_buffers, as a plain CPython function
-// (METH_O): the property is read inside hot backward loops, and a pybind11
-// call costs about as much again as the read itself.
-// Called once, the first time a buffer is handed out in this process: installs
-// the reentrancy guard, so that a process that never fuses pays nothing for it.
-PyObject* first_exposure_callback = nullptr;
+// Raise the Python exception a C++ exception from the extension stands for.
+void set_python_error(const std::exception& e) {
+  if (dynamic_cast<const torch_ctxext::NotACtxError*>(&e) != nullptr) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } else {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
 
+// The reentrancy guard is placed the first time a buffer is handed out, so
+// that a process which never fuses pays nothing for it, and placed again if
+// something replaced it since (Variable._execution_engine is a plain class
+// attribute). ensure_guard(): returns the engine object that is in place.
+PyObject* variable_class = nullptr;  // torch.autograd.variable.Variable
+PyObject* guarded_engine = nullptr;  // what ensure_guard last returned
+PyObject* ensure_guard = nullptr;
+
+bool reentrancy_guard_in_place() {
+  if (variable_class == nullptr) {
+    return true;  // not armed (tests of the C functions alone)
+  }
+  PyObject* engine = PyObject_GetAttrString(variable_class, "_execution_engine");
+  if (engine == nullptr) {
+    return false;
+  }
+  Py_DECREF(engine);  // kept alive by the class attribute
+  if (engine == guarded_engine) {
+    return true;
+  }
+  PyObject* placed = PyObject_CallNoArgs(ensure_guard);
+  if (placed == nullptr) {
+    return false;
+  }
+  Py_XSETREF(guarded_engine, placed);
+  return true;
+}
+
+// The getter behind FunctionCtx.input_grad_buffers, as a plain CPython
+// function (METH_O): the property is read inside hot backward loops, and a
+// pybind11 call costs about as much again as the read itself.
 PyObject* input_grad_buffers_getter(PyObject* /*module*/, PyObject* ctx) {
   try {
-    if (!THPFunction_Check(ctx)) {
-      // A ctx that is no autograd node is never the one executing backward.
-      throw std::runtime_error(torch_ctxext::current_graph_task() != nullptr
-                                   ? torch_ctxext::kNotTheExecutingNode
-                                   : torch_ctxext::kOutsideBackward);
-    }
     PyObject* tuple = torch_ctxext::input_grad_buffers(ctx);
     if (tuple == nullptr) {
       return nullptr;
     }
-    // Mark the ctx with the graph task that handed out a buffer, so that the
-    // reentrancy guard applies to this execution only and dies with the ctx.
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
       if (PyTuple_GET_ITEM(tuple, i) != Py_None) {
-        PyObject* id =
-            PyLong_FromLong(torch::autograd::get_current_graph_task_id());
-        const int failed =
-            id == nullptr ||
-            PyObject_SetAttrString(ctx, "_ctxext_exposed_in_task", id) < 0;
-        Py_XDECREF(id);
-        if (failed) {
+        if (!reentrancy_guard_in_place()) {
           Py_DECREF(tuple);
           return nullptr;
-        }
-        if (first_exposure_callback != nullptr) {
-          PyObject* callback = first_exposure_callback;
-          first_exposure_callback = nullptr;
-          PyObject* result = PyObject_CallNoArgs(callback);
-          Py_DECREF(callback);
-          if (result == nullptr) {
-            Py_DECREF(tuple);
-            return nullptr;
-          }
-          Py_DECREF(result);
         }
         break;
       }
     }
     return tuple;
   } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    set_python_error(e);
     return nullptr;
   }
+}
+
+PyObject* take_boxed_grads(PyObject* /*module*/, PyObject* ctx) {
+  return torch_ctxext::take_boxed_grads(ctx);
+}
+
+// METH_O as well: called on every backward of a boxed Function on torch 2.12.
+PyMethodDef take_boxed_grads_def = {
+    "take_boxed_grads", take_boxed_grads, METH_O,
+    "The grads of the engine's boxed call of ctx running on this thread, or None."};
+
+// ScalarType numbers as torch.dtype objects (None for -1).
+py::list dtypes_of(const std::vector<int>& scalar_types) {
+  py::list out;
+  for (int st : scalar_types) {
+    if (st < 0) {
+      out.append(py::none());
+    } else {
+      out.append(py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(
+          torch::getTHPDtype(static_cast<at::ScalarType>(st)))));
+    }
+  }
+  return out;
 }
 
 PyMethodDef input_grad_buffers_def = {
@@ -91,6 +124,15 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_ctxext engine hooks (internal; use torch_ctxext)";
   m.attr("built_for_torch") = TORCH_CTXEXT_BUILT_FOR_TORCH;
   m.attr("built_for_git_version") = TORCH_CTXEXT_BUILT_FOR_GIT;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) {
+        std::rethrow_exception(p);
+      }
+    } catch (const torch_ctxext::NotACtxError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    }
+  });
 
   m.add_object("input_grad_buffers",
                py::reinterpret_steal<py::object>(
@@ -103,26 +145,62 @@ PYBIND11_MODULE(_C, m) {
       py::arg("ctx"));
   m.def(
       "install_boxed_grads_path",
-      [](py::handle ctx, py::handle entry) {
-        torch_ctxext::install_boxed_grads_path(ctx.ptr(), entry.ptr());
-      },
-      py::arg("sample_ctx"), py::arg("entry"));
-  m.def(
-      "explain_input_grad_buffers",
-      [](py::handle ctx) {
-        return torch_ctxext::explain_input_grad_buffers(ctx.ptr());
-      },
-      py::arg("ctx"));
-  m.def("on_first_exposure", [](py::object callback) {
-    Py_XDECREF(first_exposure_callback);
-    first_exposure_callback = callback.release().ptr();
+      [](py::handle ctx) { torch_ctxext::install_boxed_grads_path(ctx.ptr()); },
+      py::arg("sample_ctx"));
+  m.add_object("take_boxed_grads",
+               py::reinterpret_steal<py::object>(
+                   PyCFunction_New(&take_boxed_grads_def, nullptr)));
+  m.def("arm_reentrancy_guard", [](py::object variable_class, py::object ensure) {
+    Py_XSETREF(::variable_class, variable_class.release().ptr());
+    Py_XSETREF(ensure_guard, ensure.release().ptr());
   });
+  // The running graph task's 64-bit id, or None outside backward.
   m.def("current_graph_task_id", []() -> py::object {
-    if (torch_ctxext::current_graph_task() == nullptr) {
+    const auto* task = torch_ctxext::current_graph_task();
+    if (task == nullptr) {
       return py::none();
     }
-    return py::int_(torch::autograd::get_current_graph_task_id());
+    return py::int_(torch_ctxext::task_id(task));
   });
+  // Whether ctx handed out a buffer in the graph task running on this thread.
+  m.def("exposed_in_running_task", [](py::handle ctx) {
+    auto* fn = torch_ctxext::as_ctx(ctx.ptr(), "exposed_in_running_task");
+    const auto* task = torch_ctxext::current_graph_task();
+    auto* node = torch_ctxext::node_of(fn);
+    return task != nullptr && node != nullptr && torch_ctxext::exposed_in(task, node);
+  });
+  // The layout probes (torch_ctxext/_layout_check.py).
+  m.def("read_ctx_layout", [](py::handle ctx) {
+    const auto f = torch_ctxext::read_ctx_layout(ctx.ptr());
+    py::dict d;
+    d["ctx_size"] = f.ctx_size;
+    d["is_variable_input"] = f.is_variable_input;
+    d["materialize_grads"] = f.materialize_grads;
+    d["has_node"] = f.has_node;
+    d["node_points_back"] = f.node_points_back;
+    d["edge_valid"] = f.edge_valid;
+    d["input_dtype"] = dtypes_of(f.input_dtype);
+    d["input_shape"] = f.input_shape;
+    d["input_default"] = f.input_default;
+    d["output_dtype"] = dtypes_of(f.output_dtype);
+    d["output_shape"] = f.output_shape;
+    return d;
+  });
+  m.def("read_task_layout", []() {
+    const auto f = torch_ctxext::read_task_layout();
+    py::dict d;
+    d["found"] = f.found;
+    d["creates_graph"] = f.creates_graph;
+    d["exec_info_empty"] = f.exec_info_empty;
+    d["post_processing"] = f.post_processing;
+    d["holds_lock"] = f.holds_lock;
+    d["not_ready"] = f.not_ready;
+    return d;
+  });
+  // For tests of the engine hook that validates later producers.
+  m.def("validated_later_producers", &torch_ctxext::validated_later_producers);
+  m.def("producer_hook_placed", &torch_ctxext::producer_hook_placed);
+  m.def("place_producer_hook", &torch_ctxext::place_producer_hook);
   m.def(
       "differentiable_outputs",
       [](py::handle ctx) {
@@ -141,15 +219,14 @@ PYBIND11_MODULE(_C, m) {
       py::arg("original"), py::arg("resolver"));
   m.def(
       "make_reentrancy_guard",
-      [](py::handle original, py::handle check) {
-        PyObject* fn =
-            torch_ctxext::make_reentrancy_guard(original.ptr(), check.ptr());
+      [](py::handle original) {
+        PyObject* fn = torch_ctxext::make_reentrancy_guard(original.ptr());
         if (fn == nullptr) {
           throw py::error_already_set();
         }
         return py::reinterpret_steal<py::object>(fn);
       },
-      py::arg("original"), py::arg("check"));
+      py::arg("original"));
   m.def("apply_depth", &torch_ctxext::current_apply_depth);
   // The name CPython's own errors print for an object's type (tp_name):
   // "str", "Tensor", "numpy.dtypes.Float64DType", "torch.finfo".

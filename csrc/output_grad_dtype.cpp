@@ -6,7 +6,7 @@
 namespace torch_ctxext {
 
 std::vector<bool> differentiable_outputs(PyObject* ctx_obj) {
-  THPFunction* ctx = as_ctx(ctx_obj);
+  THPFunction* ctx = as_ctx(ctx_obj, "differentiable_outputs");
   Node* node = node_of(ctx);
   std::vector<bool> result;
   if (node == nullptr) {
@@ -22,7 +22,7 @@ std::vector<bool> differentiable_outputs(PyObject* ctx_obj) {
 
 void set_output_grad_dtype(PyObject* ctx_obj, size_t index,
                            std::optional<at::ScalarType> dtype) {
-  THPFunction* ctx = as_ctx(ctx_obj);
+  THPFunction* ctx = as_ctx(ctx_obj, "set_output_grad_dtype");
   Node* node = node_of(ctx);
   if (node == nullptr || index >= node->num_inputs() ||
       node->input_metadata(index).was_default_constructed()) {

@@ -685,10 +685,10 @@ def test_plugin_provides_the_fixture_to_a_user_test_suite(tmp_path, capsys):
         """
     ))
     registered = any(
-        ep.value == "torch_ctxext.pytest_plugin"
+        ep.value == "torch_ctxext_pytest"
         for ep in importlib.metadata.entry_points(group="pytest11")
     )
-    plugin = [] if registered else ["-p", "torch_ctxext.pytest_plugin"]
+    plugin = [] if registered else ["-p", "torch_ctxext_pytest"]
     # In process (no second torch import): a fresh pytest session on the file.
     code = pytest.main(
         ["-q", "-p", "no:cacheprovider", "-o", "addopts=", *plugin,

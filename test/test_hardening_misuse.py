@@ -843,20 +843,15 @@ def test_igb_reentrant_grad_after_buffer():
     assert_expected_inline(outcome("igb_reentrant_grad_after_buffer"), """RuntimeError: Calling backward or grad reentrantly after accessing a non-None ctx.input_grad_buffers entry is not supported""")
 
 
+# A FunctionCtx made by hand is no autograd node: torch 2.15's property is an
+# attribute lookup that such an object cannot answer, and the backport's is
+# the same lookup, whether or not a backward is running.
 def test_igb_handmade_ctx():
-    if BACKPORT:
-        assert_expected_inline(outcome("igb_handmade_ctx"), """RuntimeError: input_grad_buffers can only be accessed while autograd is executing backward()""")
-    else:
-        assert_expected_inline(outcome("igb_handmade_ctx"), """AttributeError: 'FunctionCtx' object has no attribute '_input_grad_buffers'""")
+    assert_expected_inline(outcome("igb_handmade_ctx"), """AttributeError: 'FunctionCtx' object has no attribute '_input_grad_buffers'""")
 
 
-# Autograd is executing backward here; the object is just not the ctx of the
-# Function being run, and the backport says so.
 def test_igb_handmade_ctx_during_backward():
-    if BACKPORT:
-        assert_expected_inline(outcome("igb_handmade_ctx_during_backward"), """RuntimeError: input_grad_buffers can only be accessed from the currently executing autograd.Function backward()""")
-    else:
-        assert_expected_inline(outcome("igb_handmade_ctx_during_backward"), """AttributeError: 'FunctionCtx' object has no attribute '_input_grad_buffers'""")
+    assert_expected_inline(outcome("igb_handmade_ctx_during_backward"), """AttributeError: 'FunctionCtx' object has no attribute '_input_grad_buffers'""")
 
 
 def test_igb_other_functions_ctx_during_backward():

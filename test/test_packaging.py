@@ -8,6 +8,7 @@ import textwrap
 import pytest
 import torch
 from torch.autograd.function import BackwardCFunction, Function, FunctionCtx
+from torch.autograd.variable import Variable
 
 import torch_ctxext
 from torch_ctxext import _features
@@ -58,11 +59,11 @@ def test_members_torch_lacks_are_provided_by_torch_ctxext_and_native_ones_untouc
 
 def test_importing_twice_is_harmless():
     apply = Function.__dict__["apply"]
-    engine = torch.autograd.graph._engine_run_backward  # guarded or not, unchanged
+    engine = Variable._execution_engine  # guarded or not, unchanged
     prop = FunctionCtx.__dict__.get("input_grad_buffers")
     importlib.reload(torch_ctxext)
     assert Function.__dict__["apply"] is apply
-    assert torch.autograd.graph._engine_run_backward is engine
+    assert Variable._execution_engine is engine
     assert FunctionCtx.__dict__.get("input_grad_buffers") is prop
 
 
@@ -149,15 +150,18 @@ def test_setup_without_torch_stops_with_one_line_saying_to_install_torch_first()
 
 
 @needs_extension
-def test_the_reentrancy_guard_is_installed_by_the_first_exposure_and_works_at_once():
-    """A process that never receives a buffer runs backward unwrapped; the first
-    buffer handed out installs the guard before the backward can reenter."""
+def test_the_reentrancy_guard_is_placed_by_the_first_exposure_and_again_if_removed():
+    """A process that never receives a buffer runs backward on the engine as
+    torch made it; the first buffer handed out guards the engine before the
+    backward can reenter, and the next one puts the guard back if something
+    replaced the engine object since."""
     code = """
         import torch, torch_ctxext
-        plain = torch.autograd.graph._engine_run_backward
+        from torch.autograd.variable import Variable
+        plain = Variable._execution_engine
         x = torch.ones(2, requires_grad=True)
         (x * 2).sum().backward()
-        assert torch.autograd.graph._engine_run_backward is plain
+        assert Variable._execution_engine is plain
         class F(torch.autograd.Function):
             @staticmethod
             def forward(ctx, x):
@@ -173,14 +177,102 @@ def test_the_reentrancy_guard_is_installed_by_the_first_exposure_and_works_at_on
                     print(e)
                 return g * 2
         (F.apply(x).sum() + (x * 3).sum()).backward()
-        assert torch.autograd.graph._engine_run_backward is not plain
+        assert Variable._execution_engine is not plain
+        assert isinstance(Variable._execution_engine, torch._C._ImperativeEngine)
+        Variable._execution_engine = plain  # e.g. a library resetting it
+        (F.apply(x).sum() + (x * 3).sum()).backward()
     """
     result = run_python(code)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == (
+    message = (
         "Calling backward or grad reentrantly after accessing a non-None "
         "ctx.input_grad_buffers entry is not supported"
     )
+    assert result.stdout.split("\n")[:2] == [message, message], result.stdout
+
+
+def test_installing_changes_nothing_until_torch_ctxext_is_imported(tmp_path):
+    """The pytest11 entry point loads a module outside the package: a pytest
+    run of any project runs on torch as installed, and a torch release the
+    package refuses does not break other projects' test runs."""
+    for ep in importlib.metadata.entry_points(group="pytest11"):
+        if ep.dist is not None and ep.dist.name.replace("-", "_") == "torch_ctxext":
+            assert not ep.value.startswith("torch_ctxext."), ep.value
+    (tmp_path / "test_other_project.py").write_text(textwrap.dedent(
+        """
+        import sys
+        import torch
+        from torch.autograd.function import FunctionCtx
+
+        def test_torch_is_untouched():
+            assert "torch_ctxext" not in sys.modules
+            assert FunctionCtx.__dict__.get("input_grad_buffers") is None or (
+                torch.__version__ >= "2.15"
+            )
+        """
+    ))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "torch_ctxext_pytest",
+         str(tmp_path)],
+        capture_output=True, text=True, cwd=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_extension
+def test_members_whose_structures_do_not_read_back_are_not_installed():
+    """The layout probe: on this build everything reads back as the headers
+    say; a structure that did not would withhold exactly the members that
+    read or write it, each with the reason."""
+    from torch_ctxext import _extension, _layout_check
+
+    assert _layout_check.unavailable_members(_extension.load()) == {}
+    verdicts = _layout_check.verdicts({"task": "the task's lock is elsewhere"})
+    assert set(verdicts) == {"input_grad_buffers"}
+    assert "the task's lock is elsewhere" in verdicts["input_grad_buffers"]
+    assert "rebuild torch_ctxext" in verdicts["input_grad_buffers"]
+    verdicts = _layout_check.verdicts({"metadata": "sizes differ"})
+    assert set(verdicts) == {"set_output_grad_dtype", "apply_boxed"}
+    assert set(_layout_check.verdicts({"ctx": "size"})) == set(_layout_check.NEEDS)
+
+
+@needs_extension
+def test_a_torch_whose_ctx_size_differs_from_the_headers_gets_no_backported_member():
+    """An import against a torch whose THPFunction is laid out otherwise:
+    every backported member is reported unavailable, nothing is patched, and
+    the package still imports."""
+    # The probe reads sizeof(THPFunction) through the extension: make its
+    # answer differ from torch's as the extension is loaded.
+    result = run_python(
+        """
+        import builtins, torch
+        real_import = builtins.__import__
+        def doctored(name, globals=None, locals=None, fromlist=(), level=0):
+            module = real_import(name, globals, locals, fromlist, level)
+            if fromlist and "_C" in fromlist and getattr(module, "__name__", "") == "torch_ctxext":
+                real = module._C.read_ctx_layout
+                def read(ctx):
+                    facts = real(ctx)
+                    facts["ctx_size"] += 8
+                    return facts
+                module._C.read_ctx_layout = read
+            return module
+        builtins.__import__ = doctored
+        import torch_ctxext
+        builtins.__import__ = real_import
+        from torch.autograd.function import FunctionCtx
+        features = torch_ctxext.features()
+        provided = [m for m, s in features.items() if s == "torch_ctxext"]
+        print(provided)
+        print(features["input_grad_buffers"].split("(")[0])
+        print("input_grad_buffers" in FunctionCtx.__dict__)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "[]", result.stdout
+    assert lines[1].startswith("unavailable: torch "), result.stdout
+    assert lines[2] == "False", result.stdout
 
 
 def test_a_member_torch_ctxext_could_not_provide_is_reported_unavailable_with_why(monkeypatch):

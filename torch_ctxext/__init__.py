@@ -5,7 +5,7 @@ members of the contract the running torch lacks, and nothing else: members
 torch provides natively stay untouched. :func:`features` says who provides
 what.
 """
-from torch.autograd.function import BackwardCFunction, FunctionCtx
+import importlib
 
 from . import _features
 from ._features import features
@@ -13,20 +13,26 @@ from ._features import features
 __all__ = ["explain", "features", "testing"]
 __version__ = "0.1.0"
 
+# The members torch_ctxext can provide, in the order they are installed, and
+# the module that does it.
+_INSTALLERS = (
+    ("input_grad_buffers", "._input_grad_buffers"),
+    ("set_output_grad_dtype", "._output_grad_dtype"),
+    ("apply_boxed", "._boxed_grads"),
+)
+
 _features.check_supported_torch()
 _features.record_native()
-if not hasattr(FunctionCtx, "input_grad_buffers"):
-    from . import _extension, _input_grad_buffers
+if any(_features.lacks(member) for member, _ in _INSTALLERS):
+    from . import _extension, _layout_check
 
-    _input_grad_buffers.install(_extension.load())
-if not hasattr(FunctionCtx, "set_output_grad_dtype"):
-    from . import _extension, _output_grad_dtype
-
-    _output_grad_dtype.install(_extension.load())
-if not hasattr(BackwardCFunction, "apply_boxed"):
-    from . import _boxed_grads, _extension
-
-    _boxed_grads.install(_extension.load())
+    _ext = _extension.load()
+    # Members whose engine structures do not read back as the headers say
+    # are not installed; features() gives the reason.
+    _features.UNAVAILABLE.update(_layout_check.unavailable_members(_ext))
+    for _member, _module in _INSTALLERS:
+        if _features.lacks(_member) and _member not in _features.UNAVAILABLE:
+            importlib.import_module(_module, __name__).install(_ext)
 
 from . import testing  # noqa: E402  (check_function, after the patches above)
 from ._explain import explain  # noqa: E402

@@ -5,8 +5,13 @@ grads as one mutable list that holds the only references to them, so removing
 an entry frees that gradient while backward is still running. The C++
 extension moves the engine's grads into that list and has the engine's call
 reach ``apply_boxed`` (see csrc/boxed_grads.cpp); this module gives
-``BackwardCFunction`` the 2.13 ``apply`` / ``apply_boxed``.
+``BackwardCFunction`` the 2.13 ``apply`` / ``apply_boxed``, and makes compiled
+autograd refuse boxed Functions with torch 2.13's error.
 """
+import importlib.abc
+import importlib.util
+import sys
+
 import torch
 from torch.autograd.function import BackwardCFunction, Function
 
@@ -35,10 +40,14 @@ def apply(self, *args):
     grad_fn.apply() calls. When boxed_grads_call is True, boxes
     grads into a mutable list before calling user's backward.
     """
-    user_fn = _user_fn(self)
     if getattr(self._forward_cls, "boxed_grads_call", False):
-        args = (list(args),)
-    return user_fn(self, *args)
+        # The engine's call arrives with placeholders; its grads wait for this
+        # thread and this ctx in the extension (csrc/boxed_grads.cpp).
+        grads = _C.take_boxed_grads(self)
+        if grads is not None:
+            return self.apply_boxed(grads)
+        args = (list(args),)  # a direct grad_fn.apply(...) call: box it
+    return _user_fn(self)(self, *args)
 
 
 def apply_boxed(self, *args):
@@ -48,12 +57,6 @@ def apply_boxed(self, *args):
     backward to free individual grads mid-execution.
     """
     return _user_fn(self)(self, *args)
-
-
-def _engine_entry(ctx, grads, *placeholders):
-    """Where the engine's call lands for a boxed Function (csrc/boxed_grads.cpp):
-    ``grads`` holds the only references to the gradients."""
-    return ctx.apply_boxed(grads)
 
 
 def _sample_ctx_and_install():
@@ -67,7 +70,7 @@ def _sample_ctx_and_install():
             return g
 
     out = _Probe.apply(torch.zeros(1, requires_grad=True))
-    _C.install_boxed_grads_path(out.grad_fn, _engine_entry)
+    _C.install_boxed_grads_path(out.grad_fn)
 
 
 def install(ext):
@@ -84,3 +87,66 @@ def install(ext):
     _features.PROVIDED.add("apply")
     BackwardCFunction.apply_boxed = apply_boxed
     Function.boxed_grads_call = False
+    _compiled_autograd_refuses_boxed_functions()
+
+
+COMPILED_AUTOGRAD_MODULE = "torch._dynamo.compiled_autograd"
+
+
+def _refuse_boxed(proxy_call_backward):
+    """torch 2.13's check (compiled_autograd.py): compiled autograd calls the
+    user's backward with bare grads, which a boxed backward cannot take."""
+
+    def checked(self, inputs, output_metadatas, saved_tensors, backward_idx, ctx, *rest):
+        cls = ctx._forward_cls
+        if not hasattr(cls, "_aot_id") and getattr(cls, "boxed_grads_call", False):
+            raise RuntimeError(
+                f"boxed_grads_call=True on {cls.__name__} "
+                "is not supported with compiled autograd. "
+            )
+        return proxy_call_backward(
+            self, inputs, output_metadatas, saved_tensors, backward_idx, ctx, *rest
+        )
+
+    checked.__wrapped__ = proxy_call_backward
+    return checked
+
+
+def _patch_compiled_autograd(module):
+    compiler = module.AutogradCompilerInstance
+    if not hasattr(compiler.proxy_call_backward, "__wrapped__"):
+        compiler.proxy_call_backward = _refuse_boxed(compiler.proxy_call_backward)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches compiled autograd when it is first imported: importing it
+    ourselves would load torch._dynamo into every process."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != COMPILED_AUTOGRAD_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            _patch_compiled_autograd(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+def _compiled_autograd_refuses_boxed_functions():
+    module = sys.modules.get(COMPILED_AUTOGRAD_MODULE)
+    if module is not None:
+        _patch_compiled_autograd(module)
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())

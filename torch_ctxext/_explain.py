@@ -254,11 +254,6 @@ def build_reasons(ctx, buffers, raw, held_note=False):
     return result
 
 
-def _exposed_in_this_task(ctx, ext):
-    task = getattr(ctx, "_ctxext_exposed_in_task", None)
-    return task is not None and task == ext.current_graph_task_id()
-
-
 def explain(ctx=None, *, buffers=None):
     """Say why each entry of ``ctx.input_grad_buffers`` is None (or exposed).
 
@@ -285,10 +280,15 @@ def explain(ctx=None, *, buffers=None):
         if buffers is not None:
             raise TypeError("explain(): buffers= needs a ctx")
         return ExplainSession()
+    if not issubclass(type(ctx), torch._C._FunctionBase):
+        raise TypeError(
+            "explain() expects the ctx of a custom autograd.Function (the object "
+            f"its backward receives as ctx), but got {type(ctx).__qualname__}"
+        )
     ext = _extension()
     if ext is not None:
         raw = ext.explain_input_grad_buffers(ctx)
-        held = buffers is None and _exposed_in_this_task(ctx, ext)
+        held = buffers is None and ext.exposed_in_running_task(ctx)
         return build_reasons(ctx, buffers, raw, held_note=held)
     if buffers is None:
         # See which entries are None: our read is not counted by observers.

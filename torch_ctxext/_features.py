@@ -47,8 +47,17 @@ def record_native():
     if _NATIVE:
         return
     for name in MEMBERS:
-        owner = BackwardCFunction if name.startswith("apply") else FunctionCtx
-        _NATIVE[name] = hasattr(owner, name)
+        _NATIVE[name] = hasattr(_owner(name), name)
+
+
+def _owner(name):
+    return BackwardCFunction if name.startswith("apply") else FunctionCtx
+
+
+def lacks(name):
+    """Whether the running torch has no ``name`` yet: neither natively nor
+    from an earlier import of torch_ctxext."""
+    return not hasattr(_owner(name), name)
 
 
 def features():
@@ -64,12 +73,11 @@ def features():
     """
     result = {}
     for name in MEMBERS:
-        owner = BackwardCFunction if name.startswith("apply") else FunctionCtx
         if name in PROVIDED:
             result[name] = "torch_ctxext"
         elif _NATIVE.get(name):
             result[name] = "native"
-        elif hasattr(owner, name):
+        elif not lacks(name):
             result[name] = "torch_ctxext"
         elif name in UNAVAILABLE:
             result[name] = f"unavailable: {UNAVAILABLE[name]}"

@@ -6,21 +6,8 @@ extension; this module adds it to ``FunctionCtx`` and guards ``backward`` /
 engine could otherwise accumulate into a buffer the user is still writing).
 """
 import torch
-import torch.autograd
-import torch.autograd.graph
 from torch.autograd.function import FunctionCtx
-
-REENTRANT_ERROR = (
-    "Calling backward or grad reentrantly after accessing a non-None "
-    "ctx.input_grad_buffers entry is not supported"
-)
-
-# The attribute a ctx carries once it handed out a buffer (set by the C getter):
-# the id of the graph task that was running, so that the mark only ever
-# applies to that execution of this node and dies with the ctx (no
-# thread-local state to clean up).
-EXPOSED_IN_TASK = "_ctxext_exposed_in_task"
-
+from torch.autograd.variable import Variable
 
 def _input_grad_buffers(self):
     r"""Return existing buffers for accumulating gradients of this Function's inputs.
@@ -111,50 +98,59 @@ def _input_grad_buffers(self):
     (Contract text of torch 2.15, BSD-3-Clause, (c) PyTorch contributors;
     provided on this torch by torch_ctxext.)
     """
+    if issubclass(type(self), torch._C._FunctionBase):
+        return _C.input_grad_buffers(self)
+    # Anything else (a hand-made FunctionCtx, a mock or a proxy that claims
+    # to be a ctx through __class__) gets what torch 2.15's property gives it,
+    # an attribute lookup, and is never read by the layout of a ctx.
+    return self._input_grad_buffers
+
+
+def _engine_input_grad_buffers(self):
+    """The C getter, for real ctx objects only (judged by their type, not by
+    ``isinstance``, which a ``__class__`` attribute can fool)."""
+    if not issubclass(type(self), torch._C._FunctionBase):
+        raise AttributeError(
+            f"'{type(self).__name__}' object has no attribute '_input_grad_buffers'"
+        )
     return _C.input_grad_buffers(self)
 
 
-def _check_not_reentrant_after_exposure():
-    node = torch._C._current_autograd_node()
-    if node is None:
-        return
-    task = getattr(node, EXPOSED_IN_TASK, None)
-    if task is not None and task == _C.current_graph_task_id():
-        raise RuntimeError(REENTRANT_ERROR)
+class _GuardedEngine(torch._C._ImperativeEngine):
+    """``Variable._execution_engine`` once a buffer was handed out:
+    ``run_backward`` (behind ``backward()``, ``autograd.grad`` and direct
+    engine calls) is refused from a backward that read a non-None buffer in
+    the running graph task. The guard is a C function: outside any backward
+    it costs one thread-local read."""
 
 
-# The guard (a C function: outside any backward it costs one thread-local
-# read) and the function it wraps, once installed.
-_guarded = None
-_unguarded = None
+def _ensure_reentrancy_guard():
+    """Put the guarded engine in place (called from C when a buffer is handed
+    out and ``Variable._execution_engine`` is not the guarded one)."""
+    engine = Variable._execution_engine
+    if type(engine) is _GuardedEngine:
+        return engine
+    _GuardedEngine.run_backward = _C.make_reentrancy_guard(engine.run_backward)
+    guarded = _GuardedEngine()
+    Variable._execution_engine = guarded
+    return guarded
 
 
 _C = None
 
 
 def install(ext):
-    """Add the property to FunctionCtx; arrange the reentrancy guard."""
+    """Add the property to FunctionCtx; arm the reentrancy guard."""
     global _C
     _C = ext
-    # A Python getter around the C one: torch.compile inlines the property
+    # Python getters around the C one: torch.compile inlines the property
     # while tracing a backward and falls back to eager at the C call, as it
     # does on torch 2.15; with the C function as fget it cannot.
-    prop = property(_input_grad_buffers)
-    prop.__set_name__(FunctionCtx, "input_grad_buffers")
-    FunctionCtx.input_grad_buffers = prop
-    ext.on_first_exposure(_install_reentrancy_guard)
-
-
-def _install_reentrancy_guard():
-    """Guard backward/grad; done when the first buffer is handed out, so that
-    a process which never fuses pays nothing for the guard."""
-    global _guarded, _unguarded
-    engine_run_backward = torch.autograd.graph._engine_run_backward
-    if engine_run_backward is _guarded:
-        return
-    _unguarded = engine_run_backward
-    _guarded = _C.make_reentrancy_guard(engine_run_backward, _check_not_reentrant_after_exposure)
-    # autograd/__init__.py imported the function by name: patch both, as
-    # torch.compiler does for the same function.
-    torch.autograd.graph._engine_run_backward = _guarded
-    torch.autograd._engine_run_backward = _guarded
+    for name, getter in (
+        ("_input_grad_buffers", _engine_input_grad_buffers),
+        ("input_grad_buffers", _input_grad_buffers),
+    ):
+        prop = property(getter)
+        prop.__set_name__(FunctionCtx, name)  # errors name the property as torch's do
+        setattr(FunctionCtx, name, prop)
+    ext.arm_reentrancy_guard(Variable, _ensure_reentrancy_guard)

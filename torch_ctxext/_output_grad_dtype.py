@@ -92,10 +92,13 @@ def _set_output_grad_dtype(self, *dtypes):
     (Contract text of torch 2.15, BSD-3-Clause, (c) PyTorch contributors;
     provided on this torch by torch_ctxext.)
     """
-    if not isinstance(self, torch._C._FunctionBase):
+    if not issubclass(type(self), torch._C._FunctionBase):
         # A FunctionCtx made by hand is no autograd node: there is nothing to
         # declare for. Store the declaration as torch 2.15 does, and stop.
-        if getattr(self, "output_grad_dtypes", None) is not None:
+        # (Judged by the real type: isinstance honours a __class__ attribute,
+        # and a mock or proxy claiming to be a ctx must not reach the
+        # extension, which reads a ctx by its layout.)
+        if self.output_grad_dtypes is not None:
             raise RuntimeError(CALLED_TWICE_ERROR)
         self.output_grad_dtypes = dtypes
         return

@@ -26,14 +26,14 @@ def aliased_buffers():
 
 def no_reentrancy_guard():
     """backward()/grad() may be called reentrantly after a buffer was handed out."""
+    from torch.autograd.variable import Variable
+
     import torch_ctxext._input_grad_buffers as igb
 
-    igb._install_reentrancy_guard = lambda: None
-    if hasattr(igb, "_C") and igb._C is not None:
-        igb._C.on_first_exposure(lambda: None)
-    if igb._unguarded is not None:
-        torch.autograd._engine_run_backward = igb._unguarded
-        torch.autograd.graph._engine_run_backward = igb._unguarded
+    if type(Variable._execution_engine) is igb._GuardedEngine:
+        Variable._execution_engine = torch._C._ImperativeEngine()
+    if igb._C is not None:  # whatever engine is in place counts as guarded
+        igb._C.arm_reentrancy_guard(Variable, lambda: Variable._execution_engine)
 
 
 def none_declaration_casts():

@@ -213,3 +213,77 @@ def test_once_differentiable_makes_double_backward_raise_with_boxed_grads():
     (gx,) = torch.autograd.grad((y**2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         (gx.sum() + (x * x).sum()).backward()
+
+
+class _Identity(Function):
+    """A boxed identity: backward returns the one grad it receives, and
+    records the list it was given."""
+
+    boxed_grads_call = True
+    received = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grads):
+        _Identity.received.append(list(grads))
+        (g,) = grads
+        return g
+
+
+def test_each_engine_call_hands_its_own_grads_to_backward_from_several_threads():
+    """Threads running backward through one retained graph at once (which
+    autograd supports) each receive, boxed, the grads of their own call."""
+    import threading
+
+    x = torch.zeros(3, requires_grad=True)
+    out = _Identity.apply(x)
+    errors = []
+    barrier = threading.Barrier(8)
+
+    def run(index):
+        try:
+            barrier.wait()
+            for step in range(100):
+                g = torch.full((3,), float(index * 1000 + step))
+                (grad_x,) = torch.autograd.grad(out, x, g, retain_graph=True)
+                if not torch.equal(grad_x, g):
+                    errors.append((index, step, grad_x.tolist()))
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+
+
+def test_a_direct_grad_fn_apply_boxes_exactly_the_grads_it_is_given():
+    """grad_fn.apply(*grads) called directly boxes its own grads, also after
+    engine calls through the same node."""
+    x = torch.zeros(2, requires_grad=True)
+    out = _Identity.apply(x)
+    out.backward(torch.ones(2), retain_graph=True)
+    _Identity.received.clear()
+    given = torch.tensor([5.0, 6.0])
+    result = out.grad_fn.apply(given)
+    assert len(_Identity.received) == 1 and len(_Identity.received[0]) == 1
+    assert _Identity.received[0][0] is given
+    assert torch.equal(result, given)
+
+
+def test_boxed_grads_call_is_refused_under_compiled_autograd():
+    """Compiled autograd calls backward with bare grads: a boxed Function is
+    refused with torch's error rather than handed a tensor for its list."""
+    from torch._dynamo import compiled_autograd
+
+    x = torch.zeros(2, requires_grad=True)
+    out = _Identity.apply(x)
+    with pytest.raises(RuntimeError, match="boxed_grads_call=True on _Identity is not supported with compiled autograd"):
+        with compiled_autograd._enable(torch.compile(backend="eager")):
+            out.sum().backward()

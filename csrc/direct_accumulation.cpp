@@ -1,0 +1,294 @@
+#include "direct_accumulation.h"
+
+#include "patching.h"
+
+#include <ATen/DeviceAccelerator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+namespace torch_ctxext {
+
+void validate_direct_accumulation(const InputBuffer& buffer, size_t pos,
+                                  const c10::Device& device,
+                                  const std::optional<c10::Stream>& producer,
+                                  const std::optional<c10::Stream>& consumer,
+                                  std::thread::id exposing_thread) {
+  const auto buffer_device = buffer.buffer[pos].device();
+  if (buffer_device != device) {
+    std::ostringstream msg;
+    msg << "Direct InputBuffer accumulation requires the buffer and gradient "
+           "to be on the same device, but the buffer is on "
+        << buffer_device << " and the gradient is on " << device;
+    throw std::runtime_error(msg.str());
+  }
+  const auto this_thread = std::this_thread::get_id();
+  if (this_thread != exposing_thread) {
+    std::ostringstream msg;
+    msg << "Direct InputBuffer accumulation requires the same autograd engine "
+           "thread, but the buffer was exposed on thread "
+        << exposing_thread << " and is now being accessed on thread "
+        << this_thread;
+    throw std::runtime_error(msg.str());
+  }
+  if (at::accelerator::isAccelerator(device.type())) {
+    const auto& accumulation = buffer.opt_accum_streams.at(pos);
+    const auto& ready = buffer.ready_streams.at(pos);
+    if (!accumulation || !ready) {
+      // The engine records both for every accelerator slot it filled.
+      throw std::runtime_error(
+          "torch_ctxext: the engine recorded no accumulation or ready stream "
+          "for this accelerator buffer, so direct accumulation into it cannot "
+          "be validated");
+    }
+    if (!producer || !consumer) {
+      std::ostringstream msg;
+      msg << "Direct InputBuffer accumulation for an accelerator buffer "
+             "requires producer and consumer streams, but got producer stream "
+             "present: "
+          << producer.has_value()
+          << " and consumer stream present: " << consumer.has_value();
+      throw std::runtime_error(msg.str());
+    }
+    if (!(*producer == *consumer && *producer == *accumulation &&
+          *producer == *ready)) {
+      std::ostringstream msg;
+      msg << "Direct InputBuffer accumulation requires the same stream, but "
+             "got producer "
+          << *producer << ", consumer " << *consumer << ", accumulation "
+          << *accumulation << ", and ready " << *ready;
+      throw std::runtime_error(msg.str());
+    }
+  } else if (producer || consumer) {
+    std::ostringstream msg;
+    msg << "Direct InputBuffer accumulation for a non-accelerator buffer "
+           "requires producer and consumer streams to be absent, but got "
+           "producer stream present: "
+        << producer.has_value()
+        << " and consumer stream present: " << consumer.has_value();
+    throw std::runtime_error(msg.str());
+  }
+}
+
+std::optional<c10::Stream> consumer_stream(const InputBuffer& buffer,
+                                           Node* consumer) {
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12
+  (void)buffer;  // no stale-capture override before torch 2.13
+  return consumer->stream();
+#else
+  if (buffer.opt_overridden_consumer_stream.has_value()) {
+    return buffer.opt_overridden_consumer_stream;
+  }
+  return consumer->stream();
+#endif
+}
+
+// --- state: exposed slots and nodes, per graph task ---------------------------
+
+namespace {
+
+// A graph task, weakly: records die with the task they belong to, and a new
+// task at a freed task's address is not mistaken for it.
+struct TaskRef {
+  std::weak_ptr<GraphTask> weak;
+  const GraphTask* raw;
+
+  bool is(const GraphTask* task) const {
+    return raw == task && !weak.expired();
+  }
+};
+
+struct SlotRecord {
+  TaskRef task;
+  const Node* consumer;  // unique among the task's nodes while it runs
+  size_t pos;
+  std::thread::id thread;
+};
+
+struct NodeMark {
+  TaskRef task;
+  const Node* node;
+};
+
+std::mutex registry_mutex;
+std::vector<SlotRecord> slots;
+std::vector<NodeMark> marks;
+// How many slot records exist: the engine hook takes the registry's mutex
+// only while there are any.
+std::atomic<size_t> recorded_slots{0};
+
+template <typename Records>
+void drop_ended_tasks(Records& records) {
+  records.erase(std::remove_if(records.begin(), records.end(),
+                               [](const auto& r) { return r.task.weak.expired(); }),
+                records.end());
+}
+
+TaskRef ref_of(GraphTask* task) {
+  return TaskRef{task->weak_from_this(), task};
+}
+
+std::optional<std::thread::id> find_thread_locked(const GraphTask* task,
+                                                  const Node* consumer,
+                                                  size_t pos) {
+  for (const auto& record : slots) {
+    if (record.consumer == consumer && record.pos == pos && record.task.is(task)) {
+      return record.thread;
+    }
+  }
+  return std::nullopt;
+}
+
+// --- the engine hook on InputBuffer::add ----------------------------------------
+
+// InputBuffer::add(size_t, Variable&&, const optional<Stream>& producer,
+// const optional<Stream>& consumer, Node* consumer_node), the symbol the
+// engine (libtorch_cpu) calls through its PLT on every release we support.
+constexpr const char* kAddSymbol =
+    "_ZN5torch8autograd11InputBuffer3addEmON2at6TensorERKSt8optionalIN3c106StreamEESA_PNS0_4NodeE";
+
+std::atomic<uint64_t> validated_count{0};
+std::atomic<bool> hook_placed{false};
+std::once_flag hook_attempt;
+
+void add_with_validation(InputBuffer* self, size_t pos, at::Tensor&& var,
+                         const std::optional<c10::Stream>& producer,
+                         const std::optional<c10::Stream>& consumer,
+                         Node* consumer_node) {
+  if (recorded_slots.load(std::memory_order_acquire) != 0 && var.defined()) {
+    // The engine adds with the producer's task installed on this thread.
+    if (GraphTask* task = current_graph_task_unchecked()) {
+      std::optional<std::thread::id> thread;
+      {
+        std::lock_guard<std::mutex> lock(registry_mutex);
+        drop_ended_tasks(slots);
+        recorded_slots.store(slots.size(), std::memory_order_release);
+        thread = find_thread_locked(task, consumer_node, pos);
+      }
+      if (thread.has_value()) {
+        validated_count.fetch_add(1, std::memory_order_relaxed);
+        validate_direct_accumulation(*self, pos, var.device(), producer,
+                                     consumer, *thread);
+      }
+    }
+  }
+  // Through this library's own PLT entry: the real InputBuffer::add.
+  self->add(pos, std::move(var), producer, consumer, consumer_node);
+}
+
+// Whether the engine can run a graph task's nodes on more than one thread:
+// it starts a thread per device of every registered non-CPU device type
+// (Engine::start_device_threads). Without such threads every node of a task
+// runs on the task's CPU thread, with no streams.
+bool engine_may_use_device_threads() {
+  for (size_t i = 0; i < c10::impl::device_guard_impl_registry.size(); ++i) {
+    const auto type = static_cast<c10::DeviceType>(i);
+    if (type == c10::DeviceType::CPU || type == c10::DeviceType::Meta) {
+      continue;
+    }
+    const auto* impl = c10::impl::device_guard_impl_registry[i].load();
+    if (impl != nullptr && impl->deviceCount() > 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string hook_policy() {
+  const char* value = std::getenv("TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS");
+  return value == nullptr ? "auto" : value;
+}
+
+// The process decides once: whether later producers need validating.
+bool needs_hook() {
+  static const bool needed = hook_policy() == "always" ||
+      (hook_policy() != "never" && engine_may_use_device_threads());
+  return needed;
+}
+
+void try_place_hook() {
+  std::call_once(hook_attempt, [] {
+    void** slot = find_got_slot("libtorch_cpu", kAddSymbol);
+    if (slot == nullptr) {
+      return;  // later_producers_validated() stays false: see there
+    }
+    write_code_pointer(slot, reinterpret_cast<void*>(&add_with_validation));
+    hook_placed.store(true);
+  });
+}
+
+}  // namespace
+
+std::optional<std::thread::id> exposing_thread(const GraphTask* task,
+                                               const Node* consumer,
+                                               size_t pos) {
+  if (recorded_slots.load(std::memory_order_acquire) == 0) {
+    return std::nullopt;
+  }
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  return find_thread_locked(task, consumer, pos);
+}
+
+void record_exposure(GraphTask* task, const Node* consumer, size_t pos) {
+  if (needs_hook()) {
+    try_place_hook();
+  }
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  drop_ended_tasks(slots);
+  if (!find_thread_locked(task, consumer, pos).has_value()) {
+    slots.push_back({ref_of(task), consumer, pos, std::this_thread::get_id()});
+  }
+  recorded_slots.store(slots.size(), std::memory_order_release);
+}
+
+bool later_producers_validated() {
+  return !needs_hook() || (try_place_hook(), hook_placed.load());
+}
+
+void mark_exposed(GraphTask* task, const Node* node) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  drop_ended_tasks(marks);
+  for (const auto& mark : marks) {
+    if (mark.node == node && mark.task.is(task)) {
+      return;
+    }
+  }
+  marks.push_back({ref_of(task), node});
+}
+
+bool exposed_in(const GraphTask* task, const Node* node) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (const auto& mark : marks) {
+    if (mark.node == node && mark.task.is(task)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t validated_later_producers() {
+  return validated_count.load();
+}
+
+bool producer_hook_placed() {
+  return hook_placed.load();
+}
+
+void place_producer_hook() {
+  try_place_hook();
+  if (!hook_placed.load()) {
+    throw std::runtime_error(
+        "torch_ctxext: libtorch_cpu makes no call to InputBuffer::add through "
+        "its GOT on this build; later producers cannot be validated");
+  }
+}
+
+}  // namespace torch_ctxext

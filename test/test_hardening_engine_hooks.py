@@ -1,0 +1,163 @@
+"""Hardening: where the extension touches torch's internals directly.
+
+* Every function of the extension that reads a ctx by its layout checks the
+  object's real type: an object that only claims to be a ctx (``__class__``)
+  gets a TypeError, never a cast.
+* The engine hook that validates producers reaching an exposed buffer later
+  (placed on a machine with accelerators, forced here) sees those producers,
+  leaves the gradients exact, and keeps the patched page's protection.
+
+The forced-hook scenarios run in a subprocess: the hook stays for the life of
+the process that placed it.
+"""
+import subprocess
+import sys
+import textwrap
+from unittest import mock
+
+import pytest
+import torch
+from torch.autograd.function import BackwardCFunction
+
+import torch_ctxext
+
+BACKPORT = torch_ctxext.features()["input_grad_buffers"] == "torch_ctxext"
+pytestmark = pytest.mark.skipif(
+    not BACKPORT, reason="input_grad_buffers is native: the extension is not loaded"
+)
+
+
+class Liar(list):
+    """A builtin subclass whose __class__ claims to be a ctx."""
+
+    @property
+    def __class__(self):
+        return BackwardCFunction
+
+
+IMPOSTORS = {
+    "mock": lambda: mock.MagicMock(spec=BackwardCFunction),
+    "liar": Liar,
+    "plain object": object,
+}
+
+
+def extension_entry_points():
+    from torch_ctxext import _extension
+
+    ext = _extension.load()
+    return {
+        "input_grad_buffers": ext.input_grad_buffers,
+        "explain_input_grad_buffers": ext.explain_input_grad_buffers,
+        "exposed_in_running_task": ext.exposed_in_running_task,
+        "read_ctx_layout": ext.read_ctx_layout,
+        "differentiable_outputs": ext.differentiable_outputs,
+        "set_output_grad_dtype": lambda obj: ext.set_output_grad_dtype(obj, 0, torch.float32),
+    }
+
+
+@pytest.mark.parametrize("impostor", IMPOSTORS)
+@pytest.mark.parametrize("entry", list(extension_entry_points()) if BACKPORT else [])
+def test_an_object_that_is_not_a_ctx_gets_a_type_error_from_the_extension(entry, impostor):
+    obj = IMPOSTORS[impostor]()
+    with pytest.raises(TypeError, match="expects the ctx of a custom autograd.Function"):
+        extension_entry_points()[entry](obj)
+
+
+@pytest.mark.parametrize("impostor", IMPOSTORS)
+def test_explain_refuses_an_object_that_is_not_a_ctx(impostor):
+    with pytest.raises(TypeError, match="explain\\(\\) expects the ctx"):
+        torch_ctxext.explain(IMPOSTORS[impostor]())
+
+
+def run(code, **env):
+    import os
+
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+FUSED_WITH_LATER_PRODUCERS = """
+    import torch, torch_ctxext
+    from torch.autograd import Function
+    from torch_ctxext import _extension
+
+    ext = _extension.load()
+
+    class Scale(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            (buffer,) = ctx.input_grad_buffers
+            if buffer is not None:
+                buffer.add_(g * 2)
+                return None
+            return g * 2
+
+    def train_step():
+        x = torch.tensor([1.0, 2.0], requires_grad=True)
+        # x is used before and after the two Scales: producers of x's
+        # gradient run before, between and after their backwards.
+        loss = (x * 3).sum() + Scale.apply(x).sum() + (x * 5).sum() + Scale.apply(x).sum() + (x * 7).sum()
+        loss.backward()
+        return x.grad.tolist()
+"""
+
+
+def test_the_producer_hook_validates_later_producers_and_keeps_gradients_exact():
+    out = run(
+        FUSED_WITH_LATER_PRODUCERS
+        + """
+    def protection(address):
+        for line in open("/proc/self/maps"):
+            span, perms = line.split()[:2]
+            start, end = (int(v, 16) for v in span.split("-"))
+            if start <= address < end:
+                return perms
+
+    assert not ext.producer_hook_placed()
+    before = train_step()
+    ext.place_producer_hook()
+    assert ext.producer_hook_placed()
+    after = [train_step() for _ in range(3)]
+    print(before, after[-1], ext.validated_later_producers() > 0)
+    """,
+        TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS="never",
+    )
+    assert out.strip() == "[19.0, 19.0] [19.0, 19.0] True", out
+
+
+def test_the_producer_hook_is_placed_at_the_first_exposure_where_later_producers_need_it():
+    """TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS=always stands for a machine whose
+    engine runs device threads (an accelerator is present)."""
+    out = run(
+        FUSED_WITH_LATER_PRODUCERS
+        + """
+    assert not ext.producer_hook_placed()
+    grads = train_step()
+    print(grads, ext.producer_hook_placed(), ext.validated_later_producers() > 0)
+    """,
+        TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS="always",
+    )
+    assert out.strip() == "[19.0, 19.0] True True", out
+
+
+def test_without_accelerators_no_hook_is_placed():
+    out = run(
+        FUSED_WITH_LATER_PRODUCERS
+        + """
+    grads = train_step()
+    print(grads, ext.producer_hook_placed())
+    """
+    )
+    assert out.strip() == "[19.0, 19.0] False", out
