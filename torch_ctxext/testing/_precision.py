@@ -20,7 +20,8 @@ and the report says why.
 """
 import torch
 
-from ._subject import as_tuple, dtypes_text, first_lines, is_float, spy_backward, wide
+from ._common import as_tuple, dtypes_text, first_lines, is_float, wide
+from ._spy import spy_backward
 
 
 def choose(subject):

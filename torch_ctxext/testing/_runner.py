@@ -7,6 +7,7 @@ itself (a bug in the checker) becomes an ``error`` result naming the
 family, and the next family runs.
 """
 import contextlib
+import functools
 import time
 import traceback
 import warnings
@@ -19,7 +20,8 @@ from . import (
     _precision, backward, boxed_grads, forward, forward_ad, gradients, input_grad_buffers,
     output_grad_dtype, vmap,
 )
-from ._subject import BudgetSpent, Subject, patched
+from ._spy import patched
+from ._subject import BudgetSpent, Subject
 from .report import ERROR, SKIPPED, FunctionReport
 
 # (what runs, the rule an error or the time budget is reported under)
@@ -49,6 +51,14 @@ def _recording(subject):
             if hasattr(FunctionCtx, method):
                 stack.enter_context(patched(FunctionCtx, method, subject.on_ctx_call(method)))
         yield
+
+
+@functools.lru_cache(maxsize=None)
+def _warm_up():
+    """torch imports modules on the first backward with explicit gradients
+    in a process (about a second); done once, outside the time budget."""
+    x = torch.zeros(1, requires_grad=True)
+    torch.autograd.backward(x * 2, torch.ones(1))
 
 
 def _report_error(report, rule, step, exc):
@@ -88,10 +98,13 @@ def run(fn, args, options):
         time_budget=options.time_budget,
     )
     try:
+        with subject.budget.paused():
+            _warm_up()
         with _recording(subject):
             _run_families(subject, report)
     finally:
-        report.seconds = time.perf_counter() - start
+        report.warm_up_seconds = subject.budget.paused_seconds
+        report.seconds = time.perf_counter() - start - report.warm_up_seconds
     return report
 
 

@@ -7,112 +7,17 @@ numbers, like dropout, is then a function of its inputs, which finite
 differences need).
 """
 import contextlib
-import inspect
 import time
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import Function, once_differentiable
 
-_ONCE_DIFFERENTIABLE_CODE = once_differentiable(lambda ctx: None).__code__
-_BASE_SETUP_CONTEXT = getattr(torch.autograd.function._SingleLevelFunction, "setup_context", None)
-_BASE_JVP = getattr(torch.autograd.function._SingleLevelFunction, "jvp", None)
-_BASE_VMAP = getattr(Function, "vmap", None)
+from ._common import as_tuple, is_float, random_like, wide
+from ._function_info import arg_names
 
 
 class BudgetSpent(Exception):
     """The time budget ran out in the middle of a check."""
-
-
-def is_float(t):
-    return isinstance(t, torch.Tensor) and (t.dtype.is_floating_point or t.dtype.is_complex)
-
-
-def is_float_dtype(dtype):
-    return dtype is not None and (dtype.is_floating_point or dtype.is_complex)
-
-
-def as_tuple(out):
-    return out if isinstance(out, tuple) else (out,)
-
-
-def same_values(a, b):
-    """Equal values, NaN equal to NaN."""
-    try:
-        if torch.equal(a, b):
-            return True
-        if not (a.dtype.is_floating_point or a.dtype.is_complex):
-            return False
-        return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(
-            torch.nan_to_num(a), torch.nan_to_num(b)
-        )
-    except RuntimeError:
-        return False
-
-
-def first_lines(text, n=12):
-    lines = str(text).strip().splitlines()
-    return "\n".join(lines[:n] + (["..."] if len(lines) > n else []))
-
-
-def error_text(exc):
-    return f"{type(exc).__name__}: {first_lines(exc)}"
-
-
-def dtypes_text(dtypes):
-    return "(" + ", ".join(str(d).replace("torch.", "") for d in dtypes) + ")"
-
-
-def wide(dtype):
-    """float64 / complex128 for a floating dtype."""
-    return torch.complex128 if dtype.is_complex else torch.float64
-
-
-def user_backward(fn):
-    vjp = getattr(fn, "vjp", None)
-    if vjp is not None and vjp is not Function.vjp:
-        return vjp
-    return fn.backward
-
-
-def is_once_differentiable(fn):
-    return getattr(user_backward(fn), "__code__", None) is _ONCE_DIFFERENTIABLE_CODE
-
-
-def uses_setup_context(fn):
-    return getattr(fn, "setup_context", None) is not _BASE_SETUP_CONTEXT
-
-
-def defines_jvp(fn):
-    return getattr(fn, "jvp", None) is not _BASE_JVP
-
-
-def defines_vmap(fn):
-    """'staticmethod', 'generate_vmap_rule' or None."""
-    if getattr(fn, "vmap", None) is not _BASE_VMAP:
-        return "staticmethod"
-    if getattr(fn, "generate_vmap_rule", False):
-        return "generate_vmap_rule"
-    return None
-
-
-def arg_names(fn, count):
-    try:
-        params = list(inspect.signature(fn.forward).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    if params and not uses_setup_context(fn):
-        params = params[1:]  # ctx
-    names = []
-    for i in range(count):
-        if i < len(params) and params[i].kind in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            names.append(f"input {i} ({params[i].name})")
-        else:
-            names.append(f"input {i}")
-    return names
 
 
 @dataclass
@@ -141,6 +46,7 @@ class Budget:
     def __init__(self, seconds):
         self.seconds = seconds
         self.start = time.perf_counter()
+        self.paused_seconds = 0.0
 
     def elapsed(self):
         return time.perf_counter() - self.start
@@ -154,6 +60,16 @@ class Budget:
     def check(self):
         if self.spent():
             raise BudgetSpent()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside does not count (torch's one-time warm-ups)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.start += time.perf_counter() - start
+            self.paused_seconds += time.perf_counter() - start
 
     def skip_reason(self):
         return (
@@ -311,99 +227,3 @@ def _seeded_states(seed, cuda_devices):
         fresh.manual_seed(seed)
         result.append((gen, fresh.get_state()))
     return result
-
-
-def random_like(t, gen):
-    """Uniform in [-1, 1) (both parts for complex), in t's dtype and device."""
-    value = torch.rand(t.shape, generator=gen, dtype=torch.float64) * 2 - 1
-    if t.dtype.is_complex:
-        imag = torch.rand(t.shape, generator=gen, dtype=torch.float64) * 2 - 1
-        return torch.complex(value, imag).to(t.dtype).to(t.device)
-    return value.to(t.dtype).to(t.device)
-
-
-@contextlib.contextmanager
-def patched(owner, name, make_wrapper):
-    """Replace ``owner.<name>`` by ``make_wrapper(original)``; restore after."""
-    had_own = name in owner.__dict__
-    own = owner.__dict__.get(name)
-    original = getattr(owner, name)
-    setattr(owner, name, make_wrapper(original))
-    try:
-        yield original
-    finally:
-        if had_own:
-            setattr(owner, name, own)
-        else:
-            delattr(owner, name)
-
-
-@dataclass(frozen=True)
-class GradInfo:
-    """What a gradient was, without keeping it alive."""
-
-    dtype: torch.dtype | None  # None: the gradient was None
-    shape: tuple | None
-    zero: bool | None
-
-    @classmethod
-    def of(cls, g):
-        if not isinstance(g, torch.Tensor):
-            return cls(None, None, None)
-        try:
-            zero = not bool(g.detach().any())
-        except RuntimeError:
-            zero = None
-        return cls(g.dtype, tuple(g.shape), zero)
-
-    def __str__(self):
-        if self.dtype is None:
-            return "None"
-        kind = "a zero" if self.zero else "a"
-        return f"{kind} {str(self.dtype).replace('torch.', '')} tensor of shape {list(self.shape)}"
-
-
-def spy_backward(fn, record):
-    """A context manager under which every call of ``fn``'s backward by the
-    engine (boxed or not) also calls ``record(received, returned)``: one
-    :class:`GradInfo` per gradient backward received and per value it
-    returned."""
-    bw = fn._backward_cls
-    stack = contextlib.ExitStack()
-    depth = []
-
-    def spy_apply(original):
-        def apply(ctx, *args):
-            if depth:  # apply calling apply_boxed (or back): one backward
-                return original(ctx, *args)
-            received = [GradInfo.of(g) for g in args]
-            depth.append(1)
-            try:
-                result = original(ctx, *args)
-            finally:
-                depth.pop()
-            record(received, [GradInfo.of(g) for g in as_tuple(result)])
-            return result
-
-        return apply
-
-    def spy_apply_boxed(original):
-        def apply_boxed(ctx, *args):
-            boxed = len(args) == 1 and isinstance(args[0], list)
-            if depth:
-                return original(ctx, *args)
-            received = [GradInfo.of(g) for g in (args[0] if boxed else args)]
-            depth.append(1)
-            try:
-                result = original(ctx, *args)
-            finally:
-                depth.pop()
-            record(received, [GradInfo.of(g) for g in as_tuple(result)])
-            return result
-
-        return apply_boxed
-
-    stack.enter_context(patched(bw, "apply", spy_apply))
-    if hasattr(bw, "apply_boxed"):
-        stack.enter_context(patched(bw, "apply_boxed", spy_apply_boxed))
-    return stack

@@ -9,7 +9,7 @@ gradient rules check such a Function with a fresh forward per backward.
 """
 import torch
 
-from ._subject import as_tuple, error_text, random_like, same_values
+from ._common import as_tuple, error_text, random_like, same_values
 from .report import FAILED, NOTED, PASSED, SKIPPED, register
 
 RULES = register({

@@ -4,7 +4,8 @@ import weakref
 
 import torch
 
-from ._subject import as_tuple, error_text, patched
+from ._common import as_tuple, error_text
+from ._spy import patched
 from .report import FAILED, PASSED, SKIPPED, register
 
 RULES = register({

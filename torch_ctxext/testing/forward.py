@@ -4,9 +4,9 @@ import functools
 
 import torch
 
-from ._subject import (
-    GradInfo, OutputInfo, as_tuple, error_text, is_float_dtype, same_values, spy_backward,
-)
+from ._common import as_tuple, error_text, is_float_dtype, same_values
+from ._spy import GradInfo, spy_backward
+from ._subject import OutputInfo
 from .report import FAILED, NOTED, PASSED, register
 
 RULES = register({

@@ -12,11 +12,12 @@ import time
 
 import torch
 
+from . import _compare as compare
 from . import _jacobian as jac
+from ._common import as_tuple, error_text, is_float, same_values, wide
+from ._function_info import is_once_differentiable
 from ._options import reference_name
-from ._subject import (
-    BudgetSpent, as_tuple, error_text, is_float, is_once_differentiable, same_values, wide,
-)
+from ._subject import BudgetSpent
 from .report import FAILED, PASSED, SKIPPED, register
 
 RULES = register({
@@ -129,17 +130,17 @@ def choose_mode(subject, problem, what):
     return True, f"slow (exact Jacobians: {formula})"
 
 
-def _finite_difference_tolerances(subject, problem):
+def finite_difference_tolerances(subject, problem):
     outs = problem.outputs if problem.outputs is not None else problem.values()
-    eps, atol, rtol = jac.tolerances([t.dtype for t in problem.inputs] + [o.dtype for o in outs])
+    eps, atol, rtol = compare.tolerances([t.dtype for t in problem.inputs] + [o.dtype for o in outs])
     o = subject.options
     return (o.eps if o.eps is not None else eps, o.atol if o.atol is not None else atol,
             o.rtol if o.rtol is not None else rtol)
 
 
-def _exact_tolerances(subject, problem):
+def rounding_tolerances(subject, problem):
     outs = problem.outputs if problem.outputs is not None else problem.values()
-    atol, rtol = jac.exact_tolerances([t.dtype for t in problem.inputs] + [o.dtype for o in outs])
+    atol, rtol = compare.exact_tolerances([t.dtype for t in problem.inputs] + [o.dtype for o in outs])
     o = subject.options
     return (o.atol if o.atol is not None else atol, o.rtol if o.rtol is not None else rtol)
 
@@ -219,12 +220,12 @@ def _first_order(subject, report, problem):
         return _against_reference(subject, report, problem)
     slow, mode = choose_mode(subject, problem, "backward")
     report.gradient_mode = mode
-    eps, atol, rtol = _finite_difference_tolerances(subject, problem)
+    eps, atol, rtol = finite_difference_tolerances(subject, problem)
     try:
         if slow:
-            mismatches = jac.exact_vjp_check(problem, eps, atol, rtol, subject.budget)
+            mismatches = compare.exact_vjp_check(problem, eps, atol, rtol, subject.budget)
         else:
-            mismatches = jac.projected_vjp_check(problem, eps, atol, rtol, subject.budget,
+            mismatches = compare.projected_vjp_check(problem, eps, atol, rtol, subject.budget,
                                                  opts.seed + 11)
     except jac.EvaluationError as error:
         fix = _FIX_UNDEFINED if "only" in error.stage else _FIX_RAISED
@@ -280,10 +281,10 @@ def _against_reference(subject, report, problem):
     opts = subject.options
     reference = reference_problem(subject)
     name = reference_name(opts.reference)
-    atol, rtol = _exact_tolerances(subject, problem)
+    atol, rtol = rounding_tolerances(subject, problem)
     report.gradient_mode = f"against {name} (no finite differences)"
     try:
-        mismatches = jac.reference_values_check(problem, reference, atol, rtol)
+        mismatches = compare.reference_values_check(problem, reference, atol, rtol)
     except jac.EvaluationError as error:
         report.add("reference.matches_forward", FAILED,
                    f"{error.stage} raised: {error_text(error.exc)}",
@@ -302,7 +303,7 @@ def _against_reference(subject, report, problem):
         return None
     report.add("reference.matches_forward", PASSED, f"{name} computes the same outputs")
     try:
-        mismatches = jac.reference_vjp_check(problem, reference, atol, rtol, subject.budget,
+        mismatches = compare.reference_vjp_check(problem, reference, atol, rtol, subject.budget,
                                              opts.seed + 13)
     except jac.EvaluationError as error:
         report.add("gradcheck", FAILED, f"{error.stage} raised: {error_text(error.exc)}",
@@ -342,12 +343,12 @@ def _second_order(subject, report, first):
     problem = jac.SecondOrder(first, cotangents)
     try:
         slow, mode = choose_mode(subject, problem, "double backward")
-        eps, atol, rtol = _finite_difference_tolerances(subject, problem)
+        eps, atol, rtol = finite_difference_tolerances(subject, problem)
         if slow:
-            mismatches = jac.exact_vjp_check(problem, eps, atol, rtol, subject.budget,
+            mismatches = compare.exact_vjp_check(problem, eps, atol, rtol, subject.budget,
                                              what="double backward")
         else:
-            mismatches = jac.projected_vjp_check(problem, eps, atol, rtol, subject.budget,
+            mismatches = compare.projected_vjp_check(problem, eps, atol, rtol, subject.budget,
                                                  opts.seed + 19, what="double backward")
     except jac.EvaluationError as error:
         text = str(error.exc)

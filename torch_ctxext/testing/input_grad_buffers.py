@@ -14,7 +14,7 @@ import torch
 from torch.autograd.function import FunctionCtx
 
 from .. import _explain
-from ._subject import error_text, is_float, random_like
+from ._common import error_text, is_float, random_like
 from .report import FAILED, PASSED, SKIPPED, register
 
 RULES = register({

@@ -2,7 +2,8 @@
 backward receives what was declared."""
 import torch
 
-from ._subject import as_tuple, dtypes_text, error_text, spy_backward
+from ._common import as_tuple, dtypes_text, error_text
+from ._spy import spy_backward
 from .report import FAILED, PASSED, SKIPPED, register
 
 RULES = register({

@@ -88,7 +88,10 @@ class FunctionReport:
     ``precision`` says in which dtypes gradients were checked and why,
     ``gradient_mode`` which gradcheck mode ran (slow: exact Jacobians; fast:
     random projections) and why, ``opt_outs`` every check you turned off or
-    replaced with your reason, ``seconds`` the checker's own time and
+    replaced with your reason, ``seconds`` the checker's own time,
+    ``warm_up_seconds`` what torch's one-time warm-ups took on top (the
+    first backward with explicit gradients and the first forward-mode
+    operation in a process; neither counts against the budget) and
     ``time_budget`` the budget it kept to.
     """
 
@@ -99,6 +102,7 @@ class FunctionReport:
     gradient_mode: str = ""
     opt_outs: list = field(default_factory=list)
     seconds: float = 0.0
+    warm_up_seconds: float = 0.0
     time_budget: float | None = None
     results: list = field(default_factory=list)
 
@@ -144,8 +148,11 @@ class FunctionReport:
             head += f", {counts[NOTED]} noted"
         if counts[ERROR]:
             head += f", {counts[ERROR]} checker error(s)"
-        budget = f" (budget {self.time_budget:g} s)" if self.time_budget else ""
-        head += f" in {self.seconds:.2f} s{budget}"
+        head += f" in {self.seconds:.2f} s"
+        if self.warm_up_seconds >= 0.01:
+            head += f" (+ {self.warm_up_seconds:.2f} s of torch's one-time warm-up)"
+        if self.time_budget:
+            head += f" (budget {self.time_budget:g} s)"
         info = (
             f"  torch {self.torch_version}; input_grad_buffers: "
             f"{self.providers.get('input_grad_buffers')}, set_output_grad_dtype: "

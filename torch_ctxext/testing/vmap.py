@@ -6,7 +6,8 @@ import warnings
 
 import torch
 
-from ._subject import as_tuple, defines_vmap, error_text, is_float, uses_setup_context
+from ._common import as_tuple, error_text, is_float
+from ._function_info import defines_vmap, uses_setup_context
 from .report import FAILED, PASSED, SKIPPED, register
 
 RULES = register({
