@@ -8,7 +8,7 @@ the styles real projects use and broken variants of them, each with an
 expert's verdict), with one intra-op thread. A first pass pays torch's
 one-time costs of a process (imports on the first backward with explicit
 gradients, forward-mode decompositions, functorch) and is timed apart as the
-cold pass; then every Function is checked ``ROUNDS`` more times, in turn, and
+cold pass; then every Function is checked five more times, in turn, and
 keeps its fastest time (other load on the machine only ever adds time). The
 figures are the median and the maximum over Functions of those times, the
 agreement of the checker's verdict (the set of failed and noted rules) with

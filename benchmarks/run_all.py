@@ -198,10 +198,11 @@ def verdicts(results):
 
 def _origin(info):
     path = info.get("torch_ctxext_file", "")
-    root = os.path.dirname(HERE)
-    if path.startswith(root + os.sep):
-        return "source tree, built in place"
-    return "installed" if path else "?"
+    if not path:
+        return "?"
+    # Not "under this checkout": a page redrawn from --from-json in another
+    # checkout must still say where the measured torch_ctxext came from.
+    return "installed" if "site-packages" in path.split(os.sep) else "source tree, built in place"
 
 
 def _worker_versions(results):
@@ -457,7 +458,12 @@ def main(argv=None):
     if args.from_json:
         with open(args.from_json) as f:
             results = json.load(f)
-        command += " --quick" if results["quick"] and not args.quick else ""
+        # The command that measured these results, from what they hold.
+        command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
+            " --torch-2-12 PYTHON_OF_TORCH_2.12" if "boxed" in results else ""
+        ) + (
+            " --other-releases PYTHONS_OF_2.12_2.14_2.15" if "idle_releases" in results else ""
+        ) + (" --quick" if results["quick"] else "")
         if "check_function" in args.remeasure:
             import bench_check_function
 

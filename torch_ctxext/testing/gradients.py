@@ -190,7 +190,7 @@ def check(subject, report):
         report.add("gradgradcheck", SKIPPED, "first-order gradients were not checked")
         return
     if not ok:
-        report.add("gradgradcheck", SKIPPED, "first-order gradients are wrong")
+        report.add("gradgradcheck", SKIPPED, "the first-order check failed (see gradcheck)")
         return
     try:
         _second_order(subject, report, problem)
