@@ -127,8 +127,9 @@ def _tangents(subject, report, problem):
         reference = reference_problem(subject)
         atol, rtol = rounding_tolerances(subject, problem)
         try:
-            mismatches = compare.reference_jvp_check(problem, reference, atol, rtol, subject.budget,
-                                                 opts.seed + 23)
+            mismatches = compare.reference_jvp_check(
+                problem, reference, atol, rtol, subject.budget, opts.seed + 23
+            )
         except jac.EvaluationError as error:
             report.add("jvp.finite_differences", SKIPPED,
                        f"{error.stage} raised: {error_text(error.exc)}")
@@ -139,8 +140,9 @@ def _tangents(subject, report, problem):
         slow, mode = choose_mode(subject, problem, "jvp")
         eps, atol, rtol = finite_difference_tolerances(subject, problem)
         try:
-            mismatches = compare.jvp_check(problem, eps, atol, rtol, subject.budget,
-                                       opts.seed + 29, slow)
+            mismatches = compare.jvp_check(
+                problem, eps, atol, rtol, subject.budget, opts.seed + 29, slow
+            )
         except jac.EvaluationError as error:
             report.add("jvp.finite_differences", FAILED,
                        f"{error.stage} raised: {error_text(error.exc)}", fix="see the error")
@@ -166,8 +168,9 @@ def _tangents(subject, report, problem):
 def _against_backward(subject, report, problem):
     atol, rtol = finite_difference_tolerances(subject, problem)[1:]
     try:
-        mismatches = compare.jvp_vs_vjp_check(problem, atol, rtol, subject.budget,
-                                          subject.options.seed + 31)
+        mismatches = compare.jvp_vs_vjp_check(
+            problem, atol, rtol, subject.budget, subject.options.seed + 31
+        )
     except jac.EvaluationError as error:
         report.add("jvp.matches_backward", SKIPPED,
                    f"{error.stage} raised (see gradcheck): {error_text(error.exc)}")
