@@ -616,12 +616,19 @@ def test_wrong_gradient_is_caught_by_finite_differences():
 
 
 def test_non_differentiable_backward_without_once_differentiable_is_caught():
-    expect_violation(
+    report = expect_violation(
         DetachedBackward,
         sample(4),
         rule="gradgradcheck",
         says=["once_differentiable"],
     )
+    # Double backward is also differentiated with respect to the incoming
+    # gradient; a mismatch there names it (the previous checker raised
+    # IndexError looking for an input with that index).
+    assert [f.subject for f in failures(report, "gradgradcheck")] == [
+        "gradient of input 0 (x), with respect to input 0 (x)",
+        "gradient of input 0 (x), with respect to the gradient of output 0",
+    ]
 
 
 def test_boxed_function_that_keeps_its_grads_is_caught():

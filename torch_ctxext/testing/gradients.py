@@ -385,7 +385,7 @@ def _second_order(subject, report, first):
         report.add(
             "gradgradcheck", FAILED,
             f"double backward: Jacobian mismatch for {what} with respect to {wrt}: {m.text}",
-            subject=f"{wrt}, gradient of {of}" if of else wrt,
+            subject=f"gradient of {of}, with respect to {wrt}" if of else wrt,
             fix=_FIX_DOUBLE,
         )
     if not mismatches:
