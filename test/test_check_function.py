@@ -709,29 +709,29 @@ class AddInto(torch.autograd.Function):
     """out += 2 * x, in place, into a buffer that does not require grad."""
 
     @staticmethod
-    def forward(ctx, x, out):
+    def forward(ctx, out, x):
         out.add_(x, alpha=2)
         ctx.mark_dirty(out)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        return 2 * g, None
+        return None, 2 * g
 
 
 class AddIntoWrongScale(AddInto):
     @staticmethod
     def backward(ctx, g):
-        return 3 * g, None
+        return None, 3 * g
 
 
 def test_an_out_buffer_changed_in_place_gets_a_fresh_copy_per_run():
     out = torch.zeros(4)
-    report = check_function(AddInto, sample(4), out)
+    report = check_function(AddInto, out, sample(4))
     assert report.passed, str(report)
     assert not out.any()  # the sample itself is never changed
-    expect_violation(AddIntoWrongScale, sample(4), torch.zeros(4), rule="gradcheck",
-                     subject="input 0 (x), output 0")  # x, not the buffer
+    expect_violation(AddIntoWrongScale, torch.zeros(4), sample(4), rule="gradcheck",
+                     subject="input 1 (x), output 0")  # x, not the buffer
 
 
 def test_no_differentiable_output_skips_the_gradient_checks_with_the_reason():
