@@ -49,6 +49,7 @@ def measure():
     from torch_ctxext.testing import check_function
 
     torch.set_num_threads(1)
+    load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cases = [c for c in CASES if c.missing() is None]
 
     def run(case):
@@ -81,6 +82,7 @@ def measure():
     moderate = next(c for c in cases if c.id == MODERATE)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "load_average": [load_at_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
         "torch": torch.__version__,
         "features": torch_ctxext.features(),
         "functions": len(rows),

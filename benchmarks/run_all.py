@@ -359,7 +359,10 @@ def render_page(results, command):
             "with an expert's verdict): the checker's own time per Function, its agreement "
             "with the verdicts, and the issue's moderate-size Function against the "
             "`gradcheck` + `gradgradcheck` (slow mode) the previous checker ran "
-            f"(measured {rows[0].get('date', '?')}, one intra-op thread):",
+            f"(measured {rows[0].get('date', '?')}, one intra-op thread; load average "
+            + ", ".join(f"{r['torch']}: {r['load_average'][0]:.1f} to {r['load_average'][1]:.1f}"
+                        for r in rows if r.get("load_average") and None not in r["load_average"])
+            + "):",
             "",
             bench_check_function.summary_table(rows),
             "",
