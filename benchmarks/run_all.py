@@ -20,11 +20,17 @@ The docs environment has both:
     ~/.cache/torch_ctxext/venv-docs/bin/python benchmarks/run_all.py \\
         --torch-2-15 ~/.cache/torch_ctxext/venv-2.15.0/bin/python
 
-The full run takes 3 to 5 minutes on 2 cores; ``--quick`` (a smoke run for
-CI, under a minute) measures a smaller grid with fewer rounds and, unless
---out is given, writes into a temporary directory rather than docs/.
+The full run takes 4 to 6 minutes on 2 cores; ``--quick`` (a smoke run for
+CI, under a minute) measures a smaller grid with fewer rounds, leaves out the
+checker's time (benchmarks/bench_check_function.py) and, unless --out is
+given, writes into a temporary directory rather than docs/.
 ``--from-json`` measures nothing and redraws the page and figures from the
-raw results of an earlier run (to change the presentation, not the numbers).
+raw results of an earlier run (to change the presentation, not the numbers);
+with ``--remeasure check_function`` it measures that part again and keeps
+the rest:
+
+    python benchmarks/run_all.py --from-json docs/benchmarks.json --remeasure check_function \\
+        --torch-2-13 PY213 --torch-2-15 PY215
 """
 import argparse
 import json
@@ -192,10 +198,11 @@ def verdicts(results):
 
 def _origin(info):
     path = info.get("torch_ctxext_file", "")
-    root = os.path.dirname(HERE)
-    if path.startswith(root + os.sep):
-        return "source tree, built in place"
-    return "installed" if path else "?"
+    if not path:
+        return "?"
+    # Not "under this checkout": a page redrawn from --from-json in another
+    # checkout must still say where the measured torch_ctxext came from.
+    return "installed" if "site-packages" in path.split(os.sep) else "source tree, built in place"
 
 
 def _worker_versions(results):
@@ -340,6 +347,35 @@ def render_page(results, command):
             bench.fused_tables(results).split("\n\n")[1],
             "",
         ]
+    if "check_function" in results:
+        import bench_check_function
+
+        rows = results["check_function"]
+        lines += [
+            "## Checking a Function",
+            "",
+            "`torch_ctxext.testing.check_function` on the corpus of `test/check_corpus/` "
+            "(custom Functions in the styles real projects use, correct and broken, each "
+            "with an expert's verdict): the checker's own time per Function, its agreement "
+            "with the verdicts, and the issue's moderate-size Function against the "
+            "`gradcheck` + `gradgradcheck` (slow mode) the previous checker ran "
+            f"(measured {rows[0].get('date', '?')}, one intra-op thread; load average "
+            + ", ".join(f"{r['torch']}: {r['load_average'][0]:.1f} to {r['load_average'][1]:.1f}"
+                        for r in rows if r.get("load_average") and None not in r["load_average"])
+            + "):",
+            "",
+            bench_check_function.summary_table(rows),
+            "",
+            "Per Function (fastest of the rounds; mode: which gradient check ran, `reference` "
+            "for a stated intended gradient; ✗ marks a disagreement with the verdict):",
+            "",
+            bench_check_function.case_table(rows),
+            "",
+            "Measured by `benchmarks/bench_check_function.py`:",
+            "",
+            bench_check_function.__doc__.split("\n\n", 2)[2].strip(),
+            "",
+        ]
     if "boxed" in results:
         import bench_boxed_memory
 
@@ -404,6 +440,11 @@ def main(argv=None):
         "--from-json", metavar="FILE",
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
     )
+    parser.add_argument(
+        "--remeasure", choices=["check_function"], action="append", default=[],
+        help="with --from-json: measure this part again (with --torch-2-13 / this "
+        "interpreter and --torch-2-15 where given) and keep the rest of the earlier results",
+    )
     args = parser.parse_args(argv)
     plt = _pyplot()
     out = args.out or (
@@ -420,7 +461,17 @@ def main(argv=None):
     if args.from_json:
         with open(args.from_json) as f:
             results = json.load(f)
-        command += " --quick" if results["quick"] and not args.quick else ""
+        # The command that measured these results, from what they hold.
+        command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
+            " --torch-2-12 PYTHON_OF_TORCH_2.12" if "boxed" in results else ""
+        ) + (
+            " --other-releases PYTHONS_OF_2.12_2.14_2.15" if "idle_releases" in results else ""
+        ) + (" --quick" if results["quick"] else "")
+        if "check_function" in args.remeasure:
+            import bench_check_function
+
+            pythons = [args.torch_2_13 or sys.executable] + [p for p in [args.torch_2_15] if p]
+            results["check_function"] = bench_check_function.compare(pythons)
     elif not args.torch_2_15:
         parser.error("--torch-2-15 is required (the native side of every comparison)")
     else:
@@ -430,6 +481,11 @@ def main(argv=None):
             results["idle_releases"] = bench.collect_idle_releases(args.other_releases, plan)
         if args.torch_2_12:
             results["boxed"] = boxed_memory([args.torch_2_12, args.torch_2_13 or sys.executable])
+        if not args.quick:
+            import bench_check_function
+
+            results["check_function"] = bench_check_function.compare(
+                [args.torch_2_13 or sys.executable, args.torch_2_15])
     os.makedirs(os.path.join(out, IMG), exist_ok=True)
     plot_overhead(results, os.path.join(out, IMG, FIGURES["overhead"]), plt)
     plot_fused_time(results, os.path.join(out, IMG, FIGURES["time"]), plt)
@@ -437,7 +493,8 @@ def main(argv=None):
     with open(os.path.join(out, "benchmarks.md"), "w") as f:
         f.write(render_page(results, command))
     for path in filter(None, [os.path.join(out, "benchmarks.json"), args.json]):
-        if args.from_json and os.path.abspath(path) == os.path.abspath(args.from_json):
+        if (args.from_json and not args.remeasure
+                and os.path.abspath(path) == os.path.abspath(args.from_json)):
             continue
         with open(path, "w") as f:
             json.dump(results, f, indent=1, sort_keys=True)

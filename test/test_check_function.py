@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.autograd.function import once_differentiable
 
+import check_corpus as corpus
 import torch_ctxext
 from torch_ctxext.pytest_plugin import ctx_contract  # noqa: F401  (the fixture)
 from torch_ctxext.testing import ContractViolation, check_function
@@ -269,12 +270,12 @@ def test_half_matmul_from_the_docs_passes_with_the_backport():
         # Upstream deviation 2: a materialized zero gradient arrives as float16,
         # and this backward (g @ w.t() with float32 w) then fails.
         report = expect_violation(
-            HalfMatmul, x, w, rule="gradcheck", says=["undefined output grads", "deviation 2"]
+            HalfMatmul, x, w, rule="gradcheck", says=["no gradient for any output", "deviation 2"]
         )
     else:
         report = check_function(HalfMatmul, x, w)
         assert report.passed
-        assert "sample's dtypes" in report.precision  # float64 copies cannot run it
+        assert "declares gradient dtypes" in report.precision  # checked in its own dtypes
         assert report.results_for("gradcheck")[0].status == "passed"
     assert report.results_for("set_output_grad_dtype.honoured")[0].status == "passed"
 
@@ -319,12 +320,12 @@ def test_buffer_checks_run_without_gradcheck_on_a_float64_sample():
     w = sample(3, 2, dtype=torch.float64, seed=1)
     report = check_function(DoubleCount, x, w, gradcheck=False, raise_on_failure=False)
     assert [f.name for f in report.failures] == ["input_grad_buffers.fused_matches_fallback"]
-    assert report.precision == "checked in float64"
+    assert report.precision == "the sample's dtypes (float64)"
 
 
 def test_dirty_input_is_recorded_and_its_buffer_check_skipped():
     report = check_function(MulAdd_, sample(4), sample(4, seed=1))
-    assert report.results_for("mark_dirty")[0].detail == "inputs changed in place: [0]"
+    assert report.results_for("mark_dirty")[0].detail == "inputs changed in place: input 0 (x)"
 
     class FusedMulAdd_(MulAdd_):
         @staticmethod
@@ -566,14 +567,42 @@ def test_in_place_change_without_mark_dirty_is_caught():
     )
 
 
-def test_integer_output_not_marked_non_differentiable_is_caught():
-    expect_violation(
-        TopKUnmarked,
-        sample(5),
-        rule="mark_non_differentiable",
-        subject="output 1",
-        says=["torch.int64", "ctx.mark_non_differentiable"],
-    )
+def integer_output_received(mark):
+    """What backward receives for TopK's integer output on this torch, and
+    whether that output requires grad: measured here, not assumed."""
+    seen = {}
+
+    class TopK(TopKUnmarked):
+        @staticmethod
+        def forward(ctx, x):
+            values, indices = TopKUnmarked.forward(ctx, x)
+            if mark:
+                ctx.mark_non_differentiable(indices)
+            return values, indices
+
+        @staticmethod
+        def backward(ctx, g, g_indices):
+            seen["g"] = g_indices
+            return TopKUnmarked.backward(ctx, g, g_indices)
+
+    values, indices = TopK.apply(sample(5))
+    values.sum().backward()
+    g = seen["g"]
+    return indices.requires_grad, None if g is None else (g.dtype, tuple(g.shape), bool(g.any()))
+
+
+def test_unmarked_integer_output_is_reported_as_this_torch_treats_it():
+    # Integer outputs are never differentiable; marking them changes nothing
+    # on the supported releases. The report must say what this torch does.
+    unmarked, marked = integer_output_received(False), integer_output_received(True)
+    assert unmarked == marked == (False, (torch.int64, (2,), False))
+    report = check_function(TopKUnmarked, sample(5))
+    (result,) = report.results_for("mark_non_differentiable")
+    assert (result.status, result.subject) == ("passed", "output 1")
+    assert "output 1 (int64, not marked) does not require grad" in result.detail
+    assert "backward received a zero int64 tensor of shape [2] for it" in result.detail
+    assert f"on torch {torch.__version__} marking one changes nothing" in result.detail
+    assert "materialized" not in result.detail
 
 
 def test_wrong_gradient_is_caught_by_finite_differences():
@@ -587,12 +616,19 @@ def test_wrong_gradient_is_caught_by_finite_differences():
 
 
 def test_non_differentiable_backward_without_once_differentiable_is_caught():
-    expect_violation(
+    report = expect_violation(
         DetachedBackward,
         sample(4),
         rule="gradgradcheck",
         says=["once_differentiable"],
     )
+    # Double backward is also differentiated with respect to the incoming
+    # gradient; a mismatch there names it (the previous checker raised
+    # IndexError looking for an input with that index).
+    assert [f.subject for f in failures(report, "gradgradcheck")] == [
+        "gradient of input 0 (x), with respect to input 0 (x)",
+        "gradient of input 0 (x), with respect to the gradient of output 0",
+    ]
 
 
 def test_boxed_function_that_keeps_its_grads_is_caught():
@@ -634,14 +670,167 @@ def test_checker_restores_what_it_patched():
     from torch.autograd.function import FunctionCtx
 
     before = {n: FunctionCtx.__dict__.get(n) for n in (
-        "input_grad_buffers", "mark_dirty", "mark_non_differentiable", "set_output_grad_dtype")}
+        "input_grad_buffers", "mark_dirty", "mark_non_differentiable", "set_output_grad_dtype",
+        "save_for_forward", "save_for_backward")}
     apply_boxed = BoxedKeepsGrads._backward_cls.__dict__.get("apply_boxed")
+    rng = torch.get_rng_state()
     check_function(BoxedKeepsGrads, sample(3), raise_on_failure=False)
     check_function(Trig, sample(3, dtype=torch.float16), gradcheck=False)
     after = {n: FunctionCtx.__dict__.get(n) for n in before}
     assert after == before
+    assert torch.equal(torch.get_rng_state(), rng)  # every run's seeding is undone
     assert BoxedKeepsGrads._backward_cls.__dict__.get("apply_boxed") is apply_boxed
     assert "apply" not in Trig._backward_cls.__dict__
+
+
+# --- backward as the engine runs it, inputs changed in place, outputs ------------
+
+
+def test_once_only_backward_is_noted_and_its_gradients_still_checked():
+    # Scales its saved gradient in place: a second backward silently differs.
+    ce = check_function(corpus.memory.FusedCrossEntropy, sample(4, 5), torch.tensor([1, 0, 4, 2]))
+    (note,) = ce.notes
+    assert note.name == "backward.repeatable" and ce.passed
+    assert "can run only once per graph" in note.detail
+    assert "gives other gradients, without an error" in note.detail
+    assert "fresh forward for every backward" in note.detail
+    assert ce.results_for("gradcheck")[0].status == "passed"
+    # Deletes its state: a second backward raises.
+    x, w = sample(3, 4), sample(4, 2, seed=1)
+    (note,) = check_function(corpus.memory.FreesWorkspace, x, w).notes
+    assert "raises AttributeError" in note.detail
+    # A wrong gradient is still caught, naming the input.
+    report = expect_violation(corpus.memory.FreesWorkspaceWrongGradient, x, w, rule="gradcheck",
+                              subject="input 0 (x), output 0", says=["Jacobian mismatch"])
+    assert [n.name for n in report.notes] == ["backward.repeatable"]
+
+
+class AddInto(torch.autograd.Function):
+    """out += 2 * x, in place, into a buffer that does not require grad."""
+
+    @staticmethod
+    def forward(ctx, out, x):
+        out.add_(x, alpha=2)
+        ctx.mark_dirty(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, 2 * g
+
+
+class AddIntoWrongScale(AddInto):
+    @staticmethod
+    def backward(ctx, g):
+        return None, 3 * g
+
+
+def test_an_out_buffer_changed_in_place_gets_a_fresh_copy_per_run():
+    out = torch.zeros(4)
+    report = check_function(AddInto, out, sample(4))
+    assert report.passed, str(report)
+    assert not out.any()  # the sample itself is never changed
+    expect_violation(AddIntoWrongScale, torch.zeros(4), sample(4), rule="gradcheck",
+                     subject="input 1 (x), output 0")  # x, not the buffer
+
+
+def test_no_differentiable_output_skips_the_gradient_checks_with_the_reason():
+    report = check_function(corpus.indexing.Histogram, sample(12), 4)
+    assert report.passed
+    for name in ("gradcheck", "gradgradcheck"):
+        (result,) = report.results_for(name)
+        assert result.status == "skipped"
+        assert "no output requires grad" in result.detail
+        assert "once_differentiable" not in result.detail
+
+
+def test_backward_that_changes_its_incoming_gradient_in_place_is_caught():
+    report = expect_violation(
+        corpus.estimators.GradientReversalInPlace, sample(2, 5), 0.7,
+        rule="backward.grad_outputs_unchanged", subject="output 0",
+        says=["changed the gradient it received for output 0 in place", "instead of changing"],
+        reference=corpus.estimators.gradient_reversal_reference,
+    )
+    assert report.results_for("gradcheck")[0].status == "passed"
+
+
+def test_declared_float64_gradient_for_a_float32_output_is_checked_in_its_own_dtypes():
+    # It made the previous checker raise IndexError.
+    x, w = sample(3, 4), sample(4, 2, seed=1)
+    report = check_function(corpus.dtypes.Float64Backward, x, w, raise_on_failure=False)
+    assert not report.errors
+    assert report.precision == (
+        "the sample's dtypes (float32): forward declares gradient dtypes "
+        "(set_output_grad_dtype), which float64 copies would change")
+    if NATIVE_DTYPES:  # upstream deviation 2: zeros arrive as float32 and g @ w.double() fails
+        assert [f.name for f in report.failures] == ["gradcheck"]
+        assert "deviation 2" in report.failures[0].detail
+    else:
+        assert report.passed, str(report)
+        assert report.results_for("set_output_grad_dtype.honoured")[0].detail == (
+            "backward received (float64)")
+
+
+def test_a_function_fixing_its_own_dtypes_is_not_checked_in_float64_copies():
+    class Float32Compute(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.float() * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            return (g * 3).float()
+
+    report = check_function(Float32Compute, sample(5, dtype=torch.float64))
+    assert report.precision == "the sample's dtypes (float64)"
+    report = check_function(Float32Compute, sample(5))
+    assert report.precision.startswith("the sample's dtypes (float32): the Function fixes its")
+    assert "backward returns a float32 gradient for input 0 (x)" in report.precision
+
+
+# --- forward mode and vmap -------------------------------------------------------
+
+
+def test_jvp_is_checked_against_finite_differences_and_backward():
+    x, y = sample(2, 3), sample(2, 3, seed=1)
+    report = check_function(corpus.forward_mode.Mul, x, y)
+    assert [(r.name, r.status) for r in report.results_for("jvp")] == [
+        ("jvp.save_for_forward", "passed"),
+        ("jvp.finite_differences", "passed"),
+        ("jvp.matches_backward", "passed"),
+    ]
+    report = expect_violation(corpus.forward_mode.MulJvpDropsTerm, x, y,
+                              rule="jvp.finite_differences", subject="input 1 (y), output 0",
+                              says=["differs from finite differences", "product rule"])
+    assert {f.name for f in report.failures} == {"jvp.finite_differences", "jvp.matches_backward"}
+
+
+def test_jvp_reading_tensors_saved_for_backward_only_is_caught():
+    expect_violation(corpus.forward_mode.ExpSavedForBackwardOnly, sample(4),
+                     rule="jvp.save_for_forward",
+                     says=["save_for_backward only", "ctx.save_for_forward(...)"])
+
+
+def test_function_without_jvp_says_forward_mode_is_not_checked():
+    (result,) = check_function(Exp, sample(3)).results_for("jvp")
+    assert (result.status, result.detail) == (
+        "skipped", "the Function defines no jvp: forward-mode AD is not available for it")
+
+
+def test_vmap_rule_is_checked_batched_and_per_sample():
+    (result,) = check_function(corpus.numpy_functions.NumpySort, sample(2, 4), 1).results_for("vmap")
+    assert result.status == "passed"
+    assert result.detail.startswith("staticmethod; outputs and per-sample gradients match")
+    expect_violation(corpus.numpy_functions.NumpySortVmapForgetsBatchDim, sample(2, 4), 1,
+                     rule="vmap.matches_loop", says=["differs from the loop over the batch"])
+
+
+def test_vmap_rule_on_a_forward_that_takes_ctx_is_caught():
+    class OldStyleWithGeneratedVmap(Exp):
+        generate_vmap_rule = True
+
+    expect_violation(OldStyleWithGeneratedVmap, sample(3), rule="vmap.matches_loop",
+                     says=["forward takes ctx", "setup_context"])
 
 
 # --- the pytest fixture ------------------------------------------------------------
