@@ -118,17 +118,24 @@ def test_the_producer_hook_validates_later_producers_and_keeps_gradients_exact()
     out = run(
         FUSED_WITH_LATER_PRODUCERS
         + """
-    def protection(address):
+    import collections
+
+    def libtorch_protections():  # bytes of libtorch_cpu.so mapped with each protection
+        sizes = collections.Counter()
         for line in open("/proc/self/maps"):
-            span, perms = line.split()[:2]
-            start, end = (int(v, 16) for v in span.split("-"))
-            if start <= address < end:
-                return perms
+            fields = line.split()
+            if len(fields) >= 6 and fields[5].endswith("libtorch_cpu.so"):
+                start, end = (int(v, 16) for v in fields[0].split("-"))
+                sizes[fields[1]] += end - start
+        return sizes
 
     assert not ext.producer_hook_placed()
     before = train_step()
+    protections = libtorch_protections()
     ext.place_producer_hook()
     assert ext.producer_hook_placed()
+    # The GOT page got back exactly the protection it had.
+    assert libtorch_protections() == protections, (protections, libtorch_protections())
     after = [train_step() for _ in range(3)]
     print(before, after[-1], ext.validated_later_producers() > 0)
     """,

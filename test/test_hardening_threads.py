@@ -19,6 +19,7 @@ import torch
 from torch.autograd import Function
 
 import torch_ctxext  # noqa: F401
+from torch.autograd.variable import Variable
 
 HAS_BOXED_GRADS = hasattr(torch.autograd.function.BackwardCFunction, "apply_boxed")
 
@@ -228,3 +229,100 @@ def test_declaration_in_one_thread_does_not_leak_into_anothers_apply():
     A.apply(torch.ones(2, requires_grad=True)).sum().backward()
     t.join(30)
     assert dtypes == {"a": torch.float64, "b": torch.float32}
+
+
+class Refusals(Function):
+    """y = 2x whose backward, depending on ``mode``, exercises one refusal of
+    ctx.input_grad_buffers and records what happened in ``log``."""
+
+    @staticmethod
+    def forward(ctx, x, mode, log):
+        ctx.mode, ctx.log = mode, log
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        mode, log = ctx.mode, ctx.log
+        if mode == "reentrant":
+            exposed = ctx.input_grad_buffers[0] is not None
+            q = torch.ones(1, requires_grad=True)
+            try:
+                with torch.enable_grad():
+                    torch.autograd.grad((q * 2).sum(), [q])
+                log.append(("reentrant", exposed, "no error"))
+            except RuntimeError as e:
+                log.append(("reentrant", exposed, str(e)[:30]))
+        elif mode == "no_grad_under_create_graph":
+            with torch.no_grad():
+                try:
+                    ctx.input_grad_buffers
+                    log.append((mode, "no error"))
+                except RuntimeError as e:
+                    log.append((mode, str(e)))
+        elif mode == "post_processing":
+            outer = ctx
+
+            def read_outer():
+                try:
+                    outer.input_grad_buffers
+                    log.append((mode, "no error"))
+                except RuntimeError as e:
+                    log.append((mode, str(e)))
+
+            class Inner(Function):
+                @staticmethod
+                def forward(ictx, q):
+                    return q * 2
+
+                @staticmethod
+                def backward(ictx, h):
+                    Variable._execution_engine.queue_callback(read_outer)
+                    return h * 2
+
+            q = torch.ones(2, requires_grad=True)
+            with torch.enable_grad():
+                Inner.apply(q).sum().backward()
+        return g * 2, None, None
+
+
+def test_the_refusals_hold_from_several_threads_at_once():
+    """8 threads each run, 60 times, a backward that reads a buffer and calls
+    grad() (refused), one that reads it under no_grad with create_graph
+    (refused), and one whose inner backward's final callback reads the outer
+    ctx (refused, not a hang)."""
+    logs = [[] for _ in range(N_THREADS)]
+    errors = []
+    barrier = threading.Barrier(N_THREADS)
+
+    def run(index):
+        try:
+            barrier.wait()
+            for _ in range(60):
+                x = torch.ones(2, requires_grad=True)
+                (Refusals.apply(x, "reentrant", logs[index]).sum() + (x * 3).sum()).backward()
+                x = torch.ones(2, requires_grad=True)
+                loss = Refusals.apply(x, "no_grad_under_create_graph", logs[index]).sum() + (x * 3).sum()
+                torch.autograd.grad(loss, [x], create_graph=True)
+                x = torch.ones(2, requires_grad=True)
+                Refusals.apply(x, "post_processing", logs[index]).sum().backward()
+        except BaseException as e:  # reported below
+            errors.append((index, e))
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(N_THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=240)
+        assert not any(t.is_alive() for t in threads), "a thread hung"
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert not errors, errors[0]
+    expected = [
+        ("reentrant", True, "Calling backward or grad reent"),
+        ("no_grad_under_create_graph", "input_grad_buffers does not support create_graph=True"),
+        ("post_processing", "input_grad_buffers cannot be accessed during backward post-processing"),
+    ] * 60
+    assert logs == [expected] * N_THREADS

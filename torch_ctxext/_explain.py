@@ -79,6 +79,18 @@ _TEXT = {
         "None: the gradient is accumulated on another device or stream than the "
         "running backward's",
     ),
+    "refused": (
+        "refused (thread or stream)",
+        "refused: reading ctx.input_grad_buffers raises here, because direct "
+        "accumulation into this buffer would cross an engine thread or stream "
+        "({detail})",
+    ),
+    "later_producers_unvalidated": (
+        "later producers cannot be validated",
+        "None: producers that run later may use another engine thread or stream, "
+        "and torch_ctxext could not place the engine hook that validates them on "
+        "this torch build",
+    ),
     "same_slot": (
         "same slot as argument {j}",
         "None: the same gradient slot as argument {j} (the same tensor passed "
@@ -217,6 +229,9 @@ _OWNERS = re.compile(r"has (\d+) other owner")
 
 def _from_raw(i, raw, note=""):
     code, text = raw
+    if code == "refused":
+        label, sentence = _TEXT[code]
+        return Reason(i, code, sentence.format(detail=text), label)
     if code in ("shared", "storage_shared"):
         m = _OWNERS.search(text)
         return _reason(i, code, owners=int(m.group(1)) if m else None, note=note)

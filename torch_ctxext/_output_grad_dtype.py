@@ -19,7 +19,7 @@ import threading
 import weakref
 
 import torch
-from torch.autograd.function import Function, FunctionCtx
+from torch.autograd.function import BackwardCFunction, Function, FunctionCtx
 
 CALLED_TWICE_ERROR = "set_output_grad_dtype can only be called once"
 
@@ -251,7 +251,9 @@ def _resolve(depth, output, ok):
 def install(ext):
     global _C
     _C = ext
-    FunctionCtx.output_grad_dtypes = None
+    # Where torch 2.14 keeps it: on the ctx of a real Function (a C member of
+    # _FunctionBase there), not on FunctionCtx, which only annotates it.
+    BackwardCFunction.output_grad_dtypes = None
     _set_output_grad_dtype.__name__ = "set_output_grad_dtype"
     _set_output_grad_dtype.__qualname__ = "FunctionCtx.set_output_grad_dtype"
     FunctionCtx.set_output_grad_dtype = _set_output_grad_dtype

@@ -27,6 +27,7 @@ def run(out, k=None):
     import torch
 
     import scenarios
+    import scenarios_refusals  # noqa: F401  (registers the q16_ scenarios)
 
     results = {}
     for name, fn in scenarios.SCENARIOS:

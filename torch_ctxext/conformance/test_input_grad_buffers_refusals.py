@@ -381,3 +381,96 @@ ok AttributeError
 RuntimeError AttributeError
 """,
     )
+
+
+# --- threads and streams (accelerators; skipped without CUDA) ---------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+DIRECT = "Direct InputBuffer accumulation"
+
+
+class ToDevice(Function):
+    """Moves a (CPU) input to CUDA and scales it: its node runs on the CUDA
+    device thread, with a stream, while its input's buffer is on the CPU."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.cuda() * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (buffer,) = ctx.input_grad_buffers
+        if buffer is not None:
+            buffer.add_((g * 2).cpu())
+            return None
+        return (g * 2).cpu()
+
+
+@needs_cuda
+def test_on_cuda_a_cpu_buffer_is_refused_to_a_node_on_the_device_thread():
+    """A CPU buffer (a CPU-offloaded parameter) reaching a node that runs on
+    an accelerator's thread with a stream: the non-accelerator rule refuses."""
+    x = torch.ones(3, requires_grad=True)
+    y = ToDevice.apply(x)
+    loss = y.sum().cpu() + (x * 3).sum()  # x * 3 runs first, on the CPU thread
+    with pytest.raises(RuntimeError, match=f"{DIRECT} for a non-accelerator buffer requires producer and consumer streams to be absent"):
+        loss.backward()
+
+
+@needs_cuda
+def test_on_cuda_a_buffer_is_refused_to_a_node_on_another_stream():
+    """The running node's stream differs from the buffer's accumulation stream."""
+    record = []
+
+    class Scale(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            record.append(read_error(ctx))
+            return g * 2
+
+    x = torch.ones(3, device="cuda", requires_grad=True)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        y = Scale.apply(x)  # the node records the side stream
+    torch.cuda.current_stream().wait_stream(side)
+    (y.sum() + (x * 3).sum()).backward()
+    torch.cuda.synchronize()
+    assert isinstance(record[0], str) and record[0].startswith(f"{DIRECT} requires the same stream"), record
+
+
+@needs_cuda
+def test_on_cuda_a_later_producer_on_another_engine_thread_is_refused():
+    """A CPU buffer exposed on the CPU thread, and a producer that reaches it
+    later from the CUDA device thread: ToCuda's backward, which can only run
+    after CpuScale's backward has produced the gradient it needs."""
+
+    class ToCuda(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.cuda()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.cpu()
+
+    class CpuScale(Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            return x * 2 + w.cpu()
+
+        @staticmethod
+        def backward(ctx, g):
+            (buffer, _) = ctx.input_grad_buffers
+            assert buffer is not None  # x * 3 ran first, on this thread
+            buffer.add_(g * 2)
+            return None, g.cuda()
+
+    x = torch.ones(3, requires_grad=True)
+    loss = CpuScale.apply(x, ToCuda.apply(x)).sum() + (x * 3).sum()
+    with pytest.raises(RuntimeError, match=f"{DIRECT} requires the same autograd engine thread"):
+        loss.backward()
