@@ -2,17 +2,17 @@
 //
 // torch 2.13 lets a Function set `boxed_grads_call = True`: the engine then
 // moves the grads into one Python list, which holds the only references, so
-// a backward that drops an entry frees that gradient at once. On 2.12,
+// a backward that drops an entry frees that gradient at once, and calls
+// `ctx.apply_boxed(list)` instead of `ctx.apply(*grads)`. On 2.12,
 // PyNode::apply wraps the grads into a tuple while the engine's own vector
 // keeps them alive until backward returns; nothing in Python can release
 // them. We therefore replace PyNode's `apply` vtable slot with a function
-// that, for boxed Functions only, moves the grads out of the engine's vector
-// into a list, leaves that list for this thread's next take_boxed_grads(ctx)
-// (which BackwardCFunction.apply calls first), and hands the original
-// PyNode::apply tiny placeholders instead (its output processing and error
-// messages stay torch's own). Nothing shared is mutated per call: two threads
-// running backward through one retained graph each get their own grads.
-// Other Functions go straight to the original.
+// that, for boxed Functions only, does what torch 2.13's PyNode::apply does
+// (python_function.cpp): it moves the grads out of the engine's vector into
+// a list, calls `ctx.apply_boxed(list)`, and checks and converts the result
+// with torch's own rules and texts. Each call builds its own list: nothing
+// shared is mutated, so threads running backward through one retained graph
+// each get their own grads. Other Functions go straight to the original.
 #include "boxed_grads.h"
 
 #include "patching.h"
@@ -133,49 +133,42 @@ bool is_boxed(PyObject* ctx) {
   return boxed;
 }
 
-// --- the grads of the engine's current boxed call, per thread ---------------
-
-thread_local PyObject* pending_ctx = nullptr;    // borrowed
-thread_local PyObject* pending_grads = nullptr;  // owned until taken
-
-// Leaves `grads` for take_boxed_grads(ctx) during one original apply, and
-// puts back what was pending before (a nested engine call on this thread)
-// on every exit path. Constructed and destroyed under the GIL.
-class PendingGrads {
- public:
-  PendingGrads(PyObject* ctx, PyObject* grads)
-      : saved_ctx_(pending_ctx), saved_grads_(pending_grads) {
-    pending_ctx = ctx;
-    pending_grads = grads;
+// torch 2.13's PyNode::to_variable_list (a local symbol of libtorch_python,
+// so not callable from here): the results of backward as the engine's list,
+// with its checks and texts.
+variable_list to_variable_list(PyObject* outputs, const THPFunction* fn) {
+  const auto& is_variable_input = fn->is_variable_input;
+  const auto num_outputs = PyTuple_GET_SIZE(outputs);
+  variable_list results;
+  results.reserve(static_cast<size_t>(num_outputs));
+  for (Py_ssize_t i = 0; i != num_outputs; ++i) {
+    PyObject* output = PyTuple_GET_ITEM(outputs, i);
+    if (!is_variable_input[static_cast<size_t>(i)]) {
+      TORCH_CHECK(output == Py_None, "function ", Py_TYPE(fn)->tp_name,
+                  " returned a gradient different than None at position ",
+                  i + 1,
+                  ", but the corresponding forward input was not a Variable");
+      continue;
+    }
+    if (output == Py_None) {
+      results.emplace_back();
+    } else {
+      TORCH_CHECK(THPVariable_Check(output), "expected Variable or None (got ",
+                  Py_TYPE(output)->tp_name, ")");
+      results.emplace_back(THPVariable_Unpack(output));
+    }
   }
-  ~PendingGrads() {
-    Py_XDECREF(pending_grads);  // not taken: apply never reached Python
-    pending_ctx = saved_ctx_;
-    pending_grads = saved_grads_;
-  }
-  PendingGrads(const PendingGrads&) = delete;
-  PendingGrads& operator=(const PendingGrads&) = delete;
+  return results;
+}
 
- private:
-  PyObject* saved_ctx_;
-  PyObject* saved_grads_;
-};
-
-variable_list boxed_apply(Node* self, variable_list&& inputs) {
-  // PyNode::apply takes the GIL first thing; taking it here instead costs no
-  // extra round trip (its own acquire then only counts).
-  pybind11::gil_scoped_acquire gil;
-  PyObject* ctx = static_cast<PyNode*>(self)->obj;
-  if (!is_boxed(ctx)) {
-    return original_apply(self, std::move(inputs));
-  }
+// torch 2.13's PyNode::apply for a boxed Function.
+variable_list apply_boxed(Node* self, PyObject* ctx, variable_list&& inputs) {
   auto* fn = reinterpret_cast<THPFunction*>(ctx);
   at::OptionalDeviceGuard device_guard;
-  PyObject* grads = PyList_New(static_cast<Py_ssize_t>(inputs.size()));
-  if (grads == nullptr) {
+  THPObjectPtr grads(PyList_New(static_cast<Py_ssize_t>(inputs.size())));
+  if (!grads) {
     throw python_error();
   }
-  PendingGrads pending(ctx, grads);  // owns grads from here
   for (size_t i = 0; i < inputs.size(); ++i) {
     at::Tensor grad = std::move(inputs[i]);  // the engine keeps nothing
     // Materialize as PyNode::apply would (python_function.cpp, to_py_args).
@@ -190,24 +183,60 @@ variable_list boxed_apply(Node* self, variable_list&& inputs) {
     if (item == nullptr) {
       throw python_error();
     }
-    PyList_SET_ITEM(grads, static_cast<Py_ssize_t>(i), item);
+    PyList_SET_ITEM(grads.get(), static_cast<Py_ssize_t>(i), item);
   }
-  // Placeholders keep PyNode::apply from materializing zeros we already made.
-  variable_list placeholders(inputs.size(), at::empty({0}));
-  return original_apply(self, std::move(placeholders));
+  inputs.clear();
+  THPObjectPtr apply_fn(PyObject_GetAttrString(ctx, "apply_boxed"));
+  if (!apply_fn) {
+    throw python_error();
+  }
+  THPObjectPtr args(PyTuple_Pack(1, grads.get()));
+  if (!args) {
+    throw python_error();
+  }
+  grads = nullptr;  // the list in args holds the only references now
+  THPObjectPtr r(PyObject_CallObject(apply_fn.get(), args.get()));
+  args = nullptr;
+  if (!r) {
+    throw python_error();
+  }
+  torch::autograd::ensure_tuple(r);
+  auto num_outputs = PyTuple_GET_SIZE(r.get());
+  const auto num_forward_inputs =
+      static_cast<Py_ssize_t>(fn->is_variable_input.size());
+  // Returning too many results is ok, but only as long as they're all None.
+  if (num_outputs > num_forward_inputs) {
+    bool all_none = true;
+    for (Py_ssize_t i = num_forward_inputs; i < num_outputs; ++i) {
+      all_none &= PyTuple_GET_ITEM(r.get(), i) == Py_None;
+    }
+    if (all_none) {
+      num_outputs = num_forward_inputs;
+      r = PyTuple_GetSlice(r.get(), 0, num_forward_inputs);
+      if (!r) {
+        throw python_error();
+      }
+    }
+  }
+  TORCH_CHECK(num_outputs == num_forward_inputs, "function ",
+              Py_TYPE(ctx)->tp_name,
+              " returned an incorrect number of gradients (expected ",
+              num_forward_inputs, ", got ", num_outputs, ")");
+  return to_variable_list(r.get(), fn);
+}
+
+variable_list boxed_apply(Node* self, variable_list&& inputs) {
+  // PyNode::apply takes the GIL first thing; taking it here instead costs no
+  // extra round trip (its own acquire then only counts).
+  pybind11::gil_scoped_acquire gil;
+  PyObject* ctx = static_cast<PyNode*>(self)->obj;
+  if (!is_boxed(ctx)) {
+    return original_apply(self, std::move(inputs));
+  }
+  return apply_boxed(self, ctx, std::move(inputs));
 }
 
 }  // namespace
-
-PyObject* take_boxed_grads(PyObject* ctx) {
-  if (ctx == nullptr || ctx != pending_ctx || pending_grads == nullptr) {
-    Py_RETURN_NONE;
-  }
-  PyObject* grads = pending_grads;  // the reference passes to the caller
-  pending_grads = nullptr;
-  pending_ctx = nullptr;
-  return grads;
-}
 
 void install_boxed_grads_path(PyObject* sample_ctx) {
   Node* node = node_of(as_ctx(sample_ctx, "install_boxed_grads_path"));
@@ -237,10 +266,6 @@ void install_boxed_grads_path(PyObject* sample_ctx) {
 }
 
 #else  // torch >= 2.13 has boxed_grads_call natively
-
-PyObject* take_boxed_grads(PyObject*) {
-  Py_RETURN_NONE;
-}
 
 void install_boxed_grads_path(PyObject*) {
   throw std::logic_error("torch_ctxext: boxed grads are native on this torch");

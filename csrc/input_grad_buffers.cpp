@@ -77,8 +77,11 @@ GraphTask* running_task_for(Node* node) {
   if (node == nullptr) {
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12
     // cdata is weak up to 2.12: the node of a ctx whose graph was freed is
-    // gone, and that ctx is certainly not executing.
-    throw std::runtime_error(kOutsideBackward);
+    // gone, and that ctx is certainly not executing. torch 2.15 keeps the
+    // node alive with the ctx and says which of the two it is.
+    throw std::runtime_error(current_graph_task() != nullptr
+                                 ? kNotTheExecutingNode
+                                 : kOutsideBackward);
 #else
     throw std::runtime_error(kLegacyAccess);
 #endif

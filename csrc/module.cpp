@@ -91,15 +91,6 @@ PyObject* input_grad_buffers_getter(PyObject* /*module*/, PyObject* ctx) {
   }
 }
 
-PyObject* take_boxed_grads(PyObject* /*module*/, PyObject* ctx) {
-  return torch_ctxext::take_boxed_grads(ctx);
-}
-
-// METH_O as well: called on every backward of a boxed Function on torch 2.12.
-PyMethodDef take_boxed_grads_def = {
-    "take_boxed_grads", take_boxed_grads, METH_O,
-    "The grads of the engine's boxed call of ctx running on this thread, or None."};
-
 // ScalarType numbers as torch.dtype objects (None for -1).
 py::list dtypes_of(const std::vector<int>& scalar_types) {
   py::list out;
@@ -147,9 +138,6 @@ PYBIND11_MODULE(_C, m) {
       "install_boxed_grads_path",
       [](py::handle ctx) { torch_ctxext::install_boxed_grads_path(ctx.ptr()); },
       py::arg("sample_ctx"));
-  m.add_object("take_boxed_grads",
-               py::reinterpret_steal<py::object>(
-                   PyCFunction_New(&take_boxed_grads_def, nullptr)));
   m.def("arm_reentrancy_guard", [](py::object variable_class, py::object ensure) {
     Py_XSETREF(::variable_class, variable_class.release().ptr());
     Py_XSETREF(ensure_guard, ensure.release().ptr());

@@ -42,13 +42,17 @@ def test_members_torch_lacks_are_provided_by_torch_ctxext_and_native_ones_untouc
                             "input_grad_buffers", "set_output_grad_dtype")}
         apply_before = torch.autograd.Function.__dict__["apply"]
         import torch_ctxext
+        from torch_ctxext import _features
         features = torch_ctxext.features()
         for name, obj in before.items():
             owner = BackwardCFunction if name.startswith("apply") else FunctionCtx
             if features[name] == "native":
                 assert owner.__dict__.get(name) is obj, name
             else:
-                assert obj is None and features[name] == "torch_ctxext", name
+                # Absent before, or replaced because torch's cannot do it
+                # (torch 2.12's BackwardCFunction.apply cannot box grads).
+                assert obj is None or name in _features.PROVIDED, name
+                assert features[name] == "torch_ctxext", name
         if features["set_output_grad_dtype"] == "native":
             assert torch.autograd.Function.__dict__["apply"] is apply_before
         print("ok")

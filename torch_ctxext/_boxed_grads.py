@@ -40,14 +40,10 @@ def apply(self, *args):
     grad_fn.apply() calls. When boxed_grads_call is True, boxes
     grads into a mutable list before calling user's backward.
     """
+    user_fn = _user_fn(self)
     if getattr(self._forward_cls, "boxed_grads_call", False):
-        # The engine's call arrives with placeholders; its grads wait for this
-        # thread and this ctx in the extension (csrc/boxed_grads.cpp).
-        grads = _C.take_boxed_grads(self)
-        if grads is not None:
-            return self.apply_boxed(grads)
-        args = (list(args),)  # a direct grad_fn.apply(...) call: box it
-    return _user_fn(self)(self, *args)
+        args = (list(args),)
+    return user_fn(self, *args)
 
 
 def apply_boxed(self, *args):
