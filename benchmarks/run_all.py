@@ -3,6 +3,7 @@
     python benchmarks/run_all.py --torch-2-15 PY215 [--out docs] [--quick]
                                  [--torch-2-13 PY213] [--json FILE]
     python benchmarks/run_all.py --from-json docs/benchmarks.json [--out docs]
+    python benchmarks/run_all.py --model-only --torch-2-15 PY215 [--from-json FILE]
 
 Measures with benchmarks/bench.py (worker processes alternated side by side,
 see its docstring), then writes
@@ -20,7 +21,15 @@ The docs environment has both:
     ~/.cache/torch_ctxext/venv-docs/bin/python benchmarks/run_all.py \\
         --torch-2-15 ~/.cache/torch_ctxext/venv-2.15.0/bin/python
 
-The full run takes 3 to 5 minutes on 2 cores; ``--quick`` (a smoke run for
+``--model-only`` measures only the shared-layer model
+(``benchmarks/bench_model.py``, 3 to 5 minutes) and merges it into the raw
+results of an earlier run (``--from-json``, default the page's own
+``docs/benchmarks.json``), redrawing the page:
+
+    ~/.cache/torch_ctxext/venv-docs/bin/python benchmarks/run_all.py --model-only \\
+        --torch-2-15 ~/.cache/torch_ctxext/venv-2.15.0/bin/python
+
+The full run (the model included) takes 6 to 10 minutes on 2 cores; ``--quick`` (a smoke run for
 CI, under a minute) measures a smaller grid with fewer rounds and, unless
 --out is given, writes into a temporary directory rather than docs/.
 ``--from-json`` measures nothing and redraws the page and figures from the
@@ -37,12 +46,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import bench  # noqa: E402
+import bench_model  # noqa: E402
 
 IMG = "img"
 FIGURES = {
     "overhead": "bench_overhead.png",
     "time": "bench_fused_time.png",
     "memory": "bench_fused_memory.png",
+    "model": "bench_model.png",
 }
 COLORS = {"backport": "#1f77b4", "native": "#ff7f0e"}
 
@@ -187,6 +198,8 @@ def verdicts(results):
                "configuration, on both sides." if exact else
                f"{min(savings):.2f} to {max(savings):.2f} gradients (target: 1).")
         )
+    if "model" in results:
+        lines += [f"* Shared-layer model, {line}." for line in bench_model.summary(results["model"])]
     return "\n".join(lines)
 
 
@@ -361,6 +374,8 @@ def render_page(results, command):
             bench_boxed_memory.__doc__.split("\n\n", 2)[2].strip(),
             "",
         ]
+    if "model" in results:
+        lines += [bench_model.page_section(results["model"], f"{IMG}/{FIGURES['model']}")]
     lines += ["## How it is measured", "", METHOD]
     return "\n".join(lines)
 
@@ -404,6 +419,12 @@ def main(argv=None):
         "--from-json", metavar="FILE",
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
     )
+    parser.add_argument(
+        "--model-only", action="store_true",
+        help="measure only the shared-layer model (benchmarks/bench_model.py, needs --torch-2-15) "
+        "and merge it into the raw results of --from-json (default: OUT/benchmarks.json); "
+        "every other section is redrawn from those results, unchanged",
+    )
     args = parser.parse_args(argv)
     plt = _pyplot()
     out = args.out or (
@@ -417,10 +438,21 @@ def main(argv=None):
     ) + (
         " --quick" if args.quick else ""
     )
+    if args.model_only:
+        if not args.torch_2_15:
+            parser.error("--model-only needs --torch-2-15 (the native side of the comparison)")
+        args.from_json = args.from_json or os.path.join(out, "benchmarks.json")
     if args.from_json:
         with open(args.from_json) as f:
             results = json.load(f)
-        command += " --quick" if results["quick"] and not args.quick else ""
+        # The command of the run that measured these results.
+        command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
+            " --torch-2-12 PYTHON_OF_TORCH_2.12" if "boxed" in results else ""
+        ) + (
+            " --other-releases PYTHONS_OF_2.12_2.14_2.15" if "idle_releases" in results else ""
+        ) + (" --quick" if results["quick"] else "")
+        if args.model_only:
+            results["model"] = bench_model.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
     elif not args.torch_2_15:
         parser.error("--torch-2-15 is required (the native side of every comparison)")
     else:
@@ -430,14 +462,18 @@ def main(argv=None):
             results["idle_releases"] = bench.collect_idle_releases(args.other_releases, plan)
         if args.torch_2_12:
             results["boxed"] = boxed_memory([args.torch_2_12, args.torch_2_13 or sys.executable])
+        results["model"] = bench_model.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
     os.makedirs(os.path.join(out, IMG), exist_ok=True)
     plot_overhead(results, os.path.join(out, IMG, FIGURES["overhead"]), plt)
     plot_fused_time(results, os.path.join(out, IMG, FIGURES["time"]), plt)
     plot_fused_memory(results, os.path.join(out, IMG, FIGURES["memory"]), plt)
+    if "model" in results:
+        bench_model.plot(results["model"], os.path.join(out, IMG, FIGURES["model"]), plt)
     with open(os.path.join(out, "benchmarks.md"), "w") as f:
         f.write(render_page(results, command))
     for path in filter(None, [os.path.join(out, "benchmarks.json"), args.json]):
-        if args.from_json and os.path.abspath(path) == os.path.abspath(args.from_json):
+        if (args.from_json and not args.model_only
+                and os.path.abspath(path) == os.path.abspath(args.from_json)):
             continue
         with open(path, "w") as f:
             json.dump(results, f, indent=1, sort_keys=True)
@@ -445,6 +481,9 @@ def main(argv=None):
     print(bench.headline(results))
     print()
     print(bench.markdown_tables(results))
+    if "model" in results:
+        print()
+        print(bench_model.tables(results["model"]))
     print(f"\nwrote {out}/benchmarks.md, {out}/benchmarks.json and {out}/{IMG}/bench_*.png",
           file=sys.stderr)
     return 0
