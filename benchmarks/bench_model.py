@@ -96,13 +96,15 @@ def _stepper(variant, dim, hidden, depth, batch, seq):
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         tokens, targets = shifted_token_batch(batch, seq, VOCAB, torch.Generator().manual_seed(0))
 
-        def step():
-            optimizer.zero_grad(set_to_none=True)
+        def step(zero_grad=True):
+            if zero_grad:
+                optimizer.zero_grad(set_to_none=True)
             loss = model.loss(tokens, targets)
             loss.backward()
             optimizer.step()
             return loss
 
+        step.zero_grad = lambda: optimizer.zero_grad(set_to_none=True)
         _MODELS[variant] = step
     return _MODELS[variant]
 
@@ -125,10 +127,22 @@ def measure_model_step(dim, hidden, depth, batch, seq, repeats=3, memory=False):
         order = order[1:] + order[:1]
     result = {"times_s": times}
     if memory:
-        result["peak_bytes"] = {
-            v: bench._backward_peak_bytes(steps[v])["peak_bytes"] for v in VARIANTS
-        }
+        result["peak_bytes"] = {v: _step_peak_bytes(steps[v]) for v in VARIANTS}
     return result
+
+
+def _step_peak_bytes(step):
+    """The peak of one training step's allocations (bench.py's method).
+
+    The previous step's gradients are freed before profiling starts: the
+    profiler reports the free of a block allocated while an earlier profiler
+    session was running with that block's size, and of any other block
+    allocated before this session not at all, so a free of a block older than
+    the session would make the figure depend on what was profiled before.
+    Within the step nothing older is freed (parameters are updated in place,
+    the batch is held)."""
+    step.zero_grad()
+    return bench._backward_peak_bytes(lambda: step(zero_grad=False))["peak_bytes"]
 
 
 def measure_model_losses(dim, hidden, depth, batch, seq, steps=30):

@@ -205,10 +205,13 @@ def verdicts(results):
 
 def _origin(info):
     path = info.get("torch_ctxext_file", "")
-    root = os.path.dirname(HERE)
-    if path.startswith(root + os.sep):
-        return "source tree, built in place"
-    return "installed" if path else "?"
+    if not path:
+        return "?"
+    # Judged from the path alone: the results may come from another checkout.
+    parts = path.split(os.sep)
+    return "installed" if "site-packages" in parts or "dist-packages" in parts else (
+        "source tree, built in place"
+    )
 
 
 def _worker_versions(results):

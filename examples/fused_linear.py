@@ -17,8 +17,10 @@ Three rules it follows (``docs/input_grad_buffers.md``):
   there depends on the engine's order (the first use to run backward finds
   none);
 * an input accumulated into gets ``None`` as its returned gradient;
-* under a tracer (``torch.compile``, compiled autograd) the buffers are not
-  read: the Function is traced with the fallback, and eager still fuses.
+* under a tracer (``torch.compile``, compiled autograd) and under
+  ``create_graph=True`` the buffers are not read (the property would raise):
+  the Function is traced, or differentiated twice, with the fallback, and
+  eager first-order backward still fuses.
 
 Under ``torch.autocast`` the output is in the autocast dtype (bfloat16, say)
 while the parameters stay float32: the Function then declares
@@ -73,7 +75,10 @@ class FusedLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
-        if ctx.fuse and not torch.compiler.is_compiling():
+        # Grad mode is on in backward only under create_graph=True (double
+        # backward), where the buffers are unavailable: use the fallback,
+        # which is differentiable. Tracers get the fallback too.
+        if ctx.fuse and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             x_buf, w_buf, b_buf, _ = ctx.input_grad_buffers
         else:
             x_buf = w_buf = b_buf = None

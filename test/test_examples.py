@@ -161,3 +161,29 @@ def test_tied_output_embedding_finds_no_buffer_because_the_lookup_runs_later():
     fused_grad, embedding.weight.grad = embedding.weight.grad, None
     torch.nn.functional.linear(embedding(tokens) * 2, embedding.weight).sum().backward()
     torch.testing.assert_close(fused_grad, embedding.weight.grad)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_fused_linear_function_passes_check_function(bias):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, generator=gen, requires_grad=True)
+    w = torch.randn(2, 4, generator=gen, requires_grad=True)
+    b = torch.randn(2, generator=gen, requires_grad=True) if bias else None
+    report = torch_ctxext.testing.check_function(FusedLinearFunction, x, w, b, True)
+    assert report.passed, str(report)
+    # Every tensor input's fused path was compared with its fallback, and
+    # double backward (which takes the fallback) was checked too.
+    names = [r.name for r in report.results if not r.failed and "SKIP" not in str(r)]
+    assert names.count("input_grad_buffers.fused_matches_fallback") == (3 if bias else 2)
+    assert "gradgradcheck" in names
+
+
+def test_double_backward_takes_the_fallback():
+    plain, fused = pair()
+    x = torch.randn(4, 6, requires_grad=True)
+    results = []
+    for layer in (plain, fused):
+        loss = sum((layer(x * k) ** 2).sum() for k in (1, 2))
+        (gx,) = torch.autograd.grad(loss, x, create_graph=True)
+        results.append(torch.autograd.grad(gx.sum(), layer.weight)[0])
+    torch.testing.assert_close(results[1], results[0])

@@ -207,7 +207,8 @@ def run_autocast(config):
 def run_compile(config):
     """torch.compile(model, backend="aot_eager") (cheap: no code generation),
     in float32 or under autocast, fused and unfused; also records what Dynamo
-    compiled (graphs, graph_breaks: {reason: count})."""
+    compiled: graphs, frames ({"total": .., "ok": ..}) and what it could not
+    trace (graph_break, unimplemented: {reason: count})."""
     import torch._dynamo
     from torch._dynamo.backends.debugging import aot_eager
     from torch._dynamo.utils import counters
@@ -232,10 +233,14 @@ def run_compile(config):
 
         outcome = train(model, forward_loss)
         outcome["graphs"] = len(graphs)
-        outcome["graph_breaks"] = collections.Counter()
-        for reason, n in counters["graph_break"].items():
-            outcome["graph_breaks"][short_reason(reason)] += n
-        outcome["graph_breaks"] = dict(outcome["graph_breaks"])
+        # What Dynamo could not trace: graph breaks (the backport), or a frame
+        # given up on ("unimplemented": torch 2.15's Observed exception).
+        for kind in ("graph_break", "unimplemented"):
+            reasons = collections.Counter()
+            for reason, n in counters[kind].items():
+                reasons[short_reason(reason)] += n
+            outcome[kind] = dict(reasons)
+        outcome["frames"] = dict(counters["frames"])
         results[variant] = outcome
         torch._dynamo.reset()
     # Eager, the same Function without fusion (under autocast the compiled
@@ -252,7 +257,7 @@ def short_reason(reason):
     text = " ".join(str(reason).split())
     named = re.search(r"trace the builtin `([^`]+)`", text)
     if named:
-        return f"untraceable builtin {named.group(1).rsplit('.', 1)[-1]}"
+        return f"untraceable builtin {named.group(1).rstrip('.').rsplit('.', 1)[-1]}"
     return text.split(" Explanation:")[0].split(". ")[0][:160]
 
 
@@ -300,14 +305,19 @@ def run_ddp(config, rank, world):
 
 
 def run_fsdp(config, rank, world):
-    """FSDP2 (``fully_shard``): the shared block as its own FSDP unit, then
-    the root (config "block and root"), or the root only."""
+    """FSDP2 (``fully_shard``) on the root only; or on the shared block, then
+    the root; or on each Linear of the block (their outputs are then FSDP
+    module outputs, on which FSDP registers its pre-backward hooks), the
+    block and the root."""
     from torch.distributed.fsdp import fully_shard
 
     results = {}
     for variant in ("fused", "nn.Linear"):
         model = build(variant)
-        if config == "block and root":
+        if config == "each Linear, block and root":
+            fully_shard(model.block.fc1)
+            fully_shard(model.block.fc2)
+        if config != "root only":
             fully_shard(model.block)
         fully_shard(model)
         results[variant] = train(model, plain_loss, rank=rank, world=world)
@@ -317,7 +327,7 @@ def run_fsdp(config, rank, world):
 
 DISTRIBUTED = {
     "ddp": (run_ddp, ["gradient_as_bucket_view", "gradients copied to buckets"]),
-    "fsdp2": (run_fsdp, ["block and root", "root only"]),
+    "fsdp2": (run_fsdp, ["root only", "block and root", "each Linear, block and root"]),
 }
 
 
