@@ -36,6 +36,7 @@ same initial weights on the same batches and reports every loss.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -51,10 +52,10 @@ import bench  # noqa: E402
 VARIANTS = ("fused", "unfused", "nn.Linear")
 VOCAB = 1000
 # (dim, hidden, depth, batch, seq): tokens per step = batch * seq.
-GRID = [(256, 1024, 12, 4, 16), (256, 1024, 12, 8, 32), (512, 2048, 6, 4, 16)]
+GRID = [(256, 1024, 12, 4, 16), (256, 1024, 12, 8, 32), (512, 2048, 6, 1, 16), (512, 2048, 6, 4, 16)]
 GRID_QUICK = [(128, 512, 6, 4, 8)]
 PLANS = {
-    "full": {"rounds": 12, "repeats": 3, "loss_steps": 30, "loss_config": 0, "grid": GRID},
+    "full": {"rounds": 16, "repeats": 5, "loss_steps": 30, "loss_config": 0, "grid": GRID},
     "quick": {"rounds": 2, "repeats": 2, "loss_steps": 5, "loss_config": 0, "grid": GRID_QUICK},
 }
 
@@ -341,6 +342,14 @@ def summary(results):
             f"fused/nn.Linear {min(n):.2f} to {max(n):.2f}; step peak fused/unfused "
             f"{min(p):.3f} to {max(p):.3f}"
         )
+    if len(sides(results)) == 2:
+        rel = [row["backport"]["fused/unfused"]["ratio"] / row["native"]["fused/unfused"]["ratio"]
+               for row in results["rows"]]
+        geomean = math.exp(sum(math.log(r) for r in rel) / len(rel))
+        lines.append(
+            "step time fused/unfused on 2.13 + torch_ctxext over the same on native 2.15, "
+            f"geometric mean over the grid: {geomean:.2f} (1.00 = the same speed-up)"
+        )
     return lines
 
 
@@ -348,7 +357,7 @@ COLORS = {"backport": "#1f77b4", "native": "#ff7f0e"}
 
 
 def _label(row):
-    return f"D={row['dim']} H={row['hidden']}\ndepth={row['depth']}\ntokens={row['tokens']}"
+    return f"D {row['dim']}, H {row['hidden']}\ndepth {row['depth']}\n{row['tokens']} tokens"
 
 
 def plot(results, path, plt):
@@ -370,7 +379,7 @@ def plot(results, path, plt):
                     label=f"{SIDE_NAMES[s]}: {k}")
     ax_time.axhline(1.0, color="black", lw=0.8)
     ax_time.set_xticks(range(len(rows)))
-    ax_time.set_xticklabels([_label(r) for r in rows], fontsize=7)
+    ax_time.set_xticklabels([_label(r) for r in rows], fontsize=6.5)
     ax_time.set_ylabel("training step time ratio")
     ax_time.set_title("Step time (median over rounds; bars: range)", fontsize=9)
     ax_time.legend(fontsize=6.5, loc="lower left")
@@ -384,7 +393,7 @@ def plot(results, path, plt):
     ax_mem.axhline(1.0, color="black", lw=0.8)
     ax_mem.set_ylim(0, 1.2)
     ax_mem.set_xticks(range(len(rows)))
-    ax_mem.set_xticklabels([_label(r) for r in rows], fontsize=7)
+    ax_mem.set_xticklabels([_label(r) for r in rows], fontsize=6.5)
     ax_mem.set_ylabel("training step peak ratio")
     ax_mem.set_title("Peak memory of a step (allocator)", fontsize=9)
     ax_mem.legend(fontsize=6.5, loc="lower left")
@@ -396,8 +405,8 @@ def plot(results, path, plt):
             ax_loss.plot(range(1, len(curve) + 1), curve, ls=ls, lw=lw, color=COLORS[s],
                          alpha=0.6 if v == "fused" else 1.0, label=f"{SIDE_NAMES[s]}: {v}")
     c = losses["config"]
-    ax_loss.set_title(f"Loss curves (D={c['dim']}, depth={c['depth']}, "
-                      f"tokens={c['batch'] * c['seq']}): they coincide", fontsize=9)
+    ax_loss.set_title(f"Loss curves (D {c['dim']}, depth {c['depth']}, "
+                      f"{c['batch'] * c['seq']} tokens):\nall six coincide", fontsize=9)
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("loss")
     ax_loss.legend(fontsize=6.5)
@@ -425,9 +434,10 @@ def page_section(results, figure):
     lines = [
         "## A model that shows the gain: one block shared across depth",
         "",
-        "Measured by `python benchmarks/bench_model.py --torch-2-15 PYTHON_OF_TORCH_2.15`"
+        "Measured by `benchmarks/bench_model.py` (`python benchmarks/run_all.py --model-only "
+        "--torch-2-15 PYTHON_OF_TORCH_2.15`"
         + (" --quick" if results["quick"] else "")
-        + f" (its own run: {results['date']}, {results['seconds']:.0f} s, checkout "
+        + f"; its own run: {results['date']}, {results['seconds']:.0f} s, checkout "
         f"{m.get('git_commit', '?')}, load average at start / end {load}; {_versions(results)}; "
         "1 intra-op thread per worker).",
         "",
@@ -455,7 +465,9 @@ def page_section(results, figure):
             f"`torch_ctxext.explain()` over one fused backward (depth {depth}): "
             f"{explained['reads']} reads of `ctx.input_grad_buffers`, {explained['exposed']} "
             f"buffers exposed (weight and bias of fc1 and fc2 at {depth - 1} of their {depth} "
-            f"uses), {explained['fell_back']} entries None.",
+            f"uses); {explained['fell_back']} tensor entries were None (each Linear's input, "
+            "used once, and each weight and bias at the use that runs backward first: no "
+            "earlier producer).",
             "",
         ]
     lines += [

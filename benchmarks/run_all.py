@@ -22,14 +22,14 @@ The docs environment has both:
         --torch-2-15 ~/.cache/torch_ctxext/venv-2.15.0/bin/python
 
 ``--model-only`` measures only the shared-layer model
-(``benchmarks/bench_model.py``, 3 to 5 minutes) and merges it into the raw
+(``benchmarks/bench_model.py``, 5 to 8 minutes) and merges it into the raw
 results of an earlier run (``--from-json``, default the page's own
 ``docs/benchmarks.json``), redrawing the page:
 
     ~/.cache/torch_ctxext/venv-docs/bin/python benchmarks/run_all.py --model-only \\
         --torch-2-15 ~/.cache/torch_ctxext/venv-2.15.0/bin/python
 
-The full run (the model included) takes 6 to 10 minutes on 2 cores; ``--quick`` (a smoke run for
+The full run (the model included) takes 8 to 13 minutes on 2 cores; ``--quick`` (a smoke run for
 CI, under a minute) measures a smaller grid with fewer rounds and, unless
 --out is given, writes into a temporary directory rather than docs/.
 ``--from-json`` measures nothing and redraws the page and figures from the

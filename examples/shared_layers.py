@@ -54,6 +54,9 @@ class SharedLayerModel(torch.nn.Module):
     def __init__(self, vocab=64, dim=32, hidden=64, depth=4, linear=FusedLinear, block_wrapper=None):
         super().__init__()
         self.embedding = torch.nn.Embedding(vocab, dim)
+        # Scaled so that the tied output projection starts with logits of
+        # about unit size (N(0, 1) would give logits of about sqrt(dim)).
+        torch.nn.init.normal_(self.embedding.weight, std=dim ** -0.5)
         self.block = SharedBlock(dim, hidden, linear)
         self.norm = torch.nn.LayerNorm(dim)
         self.depth = depth

@@ -101,12 +101,12 @@ def full(t):
     return t.detach().clone()
 
 
-def train(model, forward_loss, micro_batches=1, rank=0, world=1, before_backward=None):
+def train(model, forward_loss, micro_batches=1, rank=0, world=1, micro_batch_context=None):
     """STEPS SGD steps; each step accumulates ``micro_batches`` backward passes.
 
     ``forward_loss(model, tokens, targets)`` returns the loss;
-    ``before_backward(micro, last)`` returns a context manager the micro-batch's
-    forward and backward run in (e.g. DDP's no_sync), or None."""
+    ``micro_batch_context(micro, last)`` returns a context manager the
+    micro-batch's forward and backward run in (e.g. DDP's no_sync), or None."""
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     outcome = Outcome.start()
     for step in range(STEPS):
@@ -114,7 +114,9 @@ def train(model, forward_loss, micro_batches=1, rank=0, world=1, before_backward
         total = 0.0
         for micro in range(micro_batches):
             tokens, targets = batch(step, micro, rank)
-            context = before_backward(micro, micro == micro_batches - 1) if before_backward else None
+            context = None
+            if micro_batch_context is not None:
+                context = micro_batch_context(micro, micro == micro_batches - 1)
             with context or contextlib.nullcontext():
                 loss = forward_loss(model, tokens, targets) / micro_batches
                 with outcome.watching():
@@ -295,7 +297,7 @@ def run_ddp(config, rank, world):
 
         # Through DDP's forward (it prepares the reducer for the backward).
         outcome = train(model, lambda m, t, y: token_loss(m(t), y), micro_batches=2,
-                        rank=rank, world=world, before_backward=no_sync_but_last)
+                        rank=rank, world=world, micro_batch_context=no_sync_but_last)
         # Names without DDP's "module." prefix.
         for key in ("grads", "params"):
             outcome[key] = {n.removeprefix("module."): v for n, v in outcome[key].items()}
