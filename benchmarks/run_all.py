@@ -47,6 +47,7 @@ sys.path.insert(0, HERE)
 
 import bench  # noqa: E402
 import bench_model  # noqa: E402
+import bench_model_report  # noqa: E402
 
 IMG = "img"
 FIGURES = {
@@ -199,7 +200,7 @@ def verdicts(results):
                f"{min(savings):.2f} to {max(savings):.2f} gradients (target: 1).")
         )
     if "model" in results:
-        lines += [f"* Shared-layer model, {line}." for line in bench_model.summary(results["model"])]
+        lines += [f"* Shared-layer model, {line}." for line in bench_model_report.summary(results["model"])]
     return "\n".join(lines)
 
 
@@ -378,7 +379,7 @@ def render_page(results, command):
             "",
         ]
     if "model" in results:
-        lines += [bench_model.page_section(results["model"], f"{IMG}/{FIGURES['model']}")]
+        lines += [bench_model_report.page_section(results["model"], f"{IMG}/{FIGURES['model']}")]
     lines += ["## How it is measured", "", METHOD]
     return "\n".join(lines)
 
@@ -471,7 +472,7 @@ def main(argv=None):
     plot_fused_time(results, os.path.join(out, IMG, FIGURES["time"]), plt)
     plot_fused_memory(results, os.path.join(out, IMG, FIGURES["memory"]), plt)
     if "model" in results:
-        bench_model.plot(results["model"], os.path.join(out, IMG, FIGURES["model"]), plt)
+        bench_model_report.plot(results["model"], os.path.join(out, IMG, FIGURES["model"]), plt)
     with open(os.path.join(out, "benchmarks.md"), "w") as f:
         f.write(render_page(results, command))
     for path in filter(None, [os.path.join(out, "benchmarks.json"), args.json]):
@@ -486,7 +487,7 @@ def main(argv=None):
     print(bench.markdown_tables(results))
     if "model" in results:
         print()
-        print(bench_model.tables(results["model"]))
+        print(bench_model_report.tables(results["model"]))
     print(f"\nwrote {out}/benchmarks.md, {out}/benchmarks.json and {out}/{IMG}/bench_*.png",
           file=sys.stderr)
     return 0
