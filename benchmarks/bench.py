@@ -322,7 +322,7 @@ def _built_in_place():
 class Worker:
     """A long-lived measuring process (this file with --worker)."""
 
-    def __init__(self, python, label, plugin, source_tree=True):
+    def __init__(self, python, label, plugin, source_tree=True, script=HERE):
         self.label = label
         self.log = tempfile.NamedTemporaryFile(
             "w+", prefix=f"torch_ctxext-bench-{label}-", suffix=".log", delete=False
@@ -337,7 +337,9 @@ class Worker:
             # The source tree's torch_ctxext first; harmless for workers that
             # never import it. Otherwise the installed one is measured.
             env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-        command = [python, HERE, "--worker"] + (["--plugin"] if plugin else [])
+        # script: this file, or another benchmark that serves its own
+        # measurements through worker_main (bench_model.py).
+        command = [python, script, "--worker"] + (["--plugin"] if plugin else [])
         self.proc = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,

@@ -3,6 +3,7 @@
     python benchmarks/run_all.py --torch-2-15 PY215 [--out docs] [--quick]
                                  [--torch-2-13 PY213] [--json FILE]
     python benchmarks/run_all.py --from-json docs/benchmarks.json [--out docs]
+    python benchmarks/run_all.py --from-json FILE --remeasure check_function|model --torch-2-15 PY215
 
 Measures with benchmarks/bench.py (worker processes alternated side by side,
 see its docstring), then writes
@@ -20,14 +21,15 @@ The docs environment has both:
     ~/.cache/torch_ctxext/venv-docs/bin/python benchmarks/run_all.py \\
         --torch-2-15 ~/.cache/torch_ctxext/venv-2.15.0/bin/python
 
-The full run takes 4 to 6 minutes on 2 cores; ``--quick`` (a smoke run for
-CI, under a minute) measures a smaller grid with fewer rounds, leaves out the
-checker's time (benchmarks/bench_check_function.py) and, unless --out is
-given, writes into a temporary directory rather than docs/.
+The full run (the model included) takes 8 to 13 minutes on 2 cores;
+``--quick`` (a smoke run for CI, under a minute) measures a smaller grid with
+fewer rounds, leaves out the checker's time (benchmarks/bench_check_function.py)
+and, unless --out is given, writes into a temporary directory rather than docs/.
 ``--from-json`` measures nothing and redraws the page and figures from the
 raw results of an earlier run (to change the presentation, not the numbers);
-with ``--remeasure check_function`` it measures that part again and keeps
-the rest:
+with ``--remeasure check_function`` or ``--remeasure model`` (the shared-layer
+model of benchmarks/bench_model.py) it measures that part again and keeps the
+rest:
 
     python benchmarks/run_all.py --from-json docs/benchmarks.json --remeasure check_function \\
         --torch-2-13 PY213 --torch-2-15 PY215
@@ -43,12 +45,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import bench  # noqa: E402
+import bench_model  # noqa: E402
+import bench_model_report  # noqa: E402
 
 IMG = "img"
 FIGURES = {
     "overhead": "bench_overhead.png",
     "time": "bench_fused_time.png",
     "memory": "bench_fused_memory.png",
+    "model": "bench_model.png",
 }
 COLORS = {"backport": "#1f77b4", "native": "#ff7f0e"}
 
@@ -193,6 +198,8 @@ def verdicts(results):
                "configuration, on both sides." if exact else
                f"{min(savings):.2f} to {max(savings):.2f} gradients (target: 1).")
         )
+    if "model" in results:
+        lines += [f"* Shared-layer model, {line}." for line in bench_model_report.summary(results["model"])]
     return "\n".join(lines)
 
 
@@ -200,9 +207,11 @@ def _origin(info):
     path = info.get("torch_ctxext_file", "")
     if not path:
         return "?"
-    # Not "under this checkout": a page redrawn from --from-json in another
-    # checkout must still say where the measured torch_ctxext came from.
-    return "installed" if "site-packages" in path.split(os.sep) else "source tree, built in place"
+    # Judged from the path alone: the results may come from another checkout.
+    parts = path.split(os.sep)
+    return "installed" if "site-packages" in parts or "dist-packages" in parts else (
+        "source tree, built in place"
+    )
 
 
 def _worker_versions(results):
@@ -397,6 +406,8 @@ def render_page(results, command):
             bench_boxed_memory.__doc__.split("\n\n", 2)[2].strip(),
             "",
         ]
+    if "model" in results:
+        lines += [bench_model_report.page_section(results["model"], f"{IMG}/{FIGURES['model']}")]
     lines += ["## How it is measured", "", METHOD]
     return "\n".join(lines)
 
@@ -441,9 +452,11 @@ def main(argv=None):
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
     )
     parser.add_argument(
-        "--remeasure", choices=["check_function"], action="append", default=[],
+        "--remeasure", choices=["check_function", "model"], action="append", default=[],
         help="with --from-json: measure this part again (with --torch-2-13 / this "
-        "interpreter and --torch-2-15 where given) and keep the rest of the earlier results",
+        "interpreter and --torch-2-15 where given) and keep the rest of the earlier "
+        "results; 'model' is the shared-layer model (benchmarks/bench_model.py, 5 to 8 "
+        "minutes, needs --torch-2-15)",
     )
     args = parser.parse_args(argv)
     plt = _pyplot()
@@ -472,6 +485,10 @@ def main(argv=None):
 
             pythons = [args.torch_2_13 or sys.executable] + [p for p in [args.torch_2_15] if p]
             results["check_function"] = bench_check_function.compare(pythons)
+        if "model" in args.remeasure:
+            if not args.torch_2_15:
+                parser.error("--remeasure model needs --torch-2-15 (the native side)")
+            results["model"] = bench_model.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
     elif not args.torch_2_15:
         parser.error("--torch-2-15 is required (the native side of every comparison)")
     else:
@@ -486,10 +503,13 @@ def main(argv=None):
 
             results["check_function"] = bench_check_function.compare(
                 [args.torch_2_13 or sys.executable, args.torch_2_15])
+        results["model"] = bench_model.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
     os.makedirs(os.path.join(out, IMG), exist_ok=True)
     plot_overhead(results, os.path.join(out, IMG, FIGURES["overhead"]), plt)
     plot_fused_time(results, os.path.join(out, IMG, FIGURES["time"]), plt)
     plot_fused_memory(results, os.path.join(out, IMG, FIGURES["memory"]), plt)
+    if "model" in results:
+        bench_model_report.plot(results["model"], os.path.join(out, IMG, FIGURES["model"]), plt)
     with open(os.path.join(out, "benchmarks.md"), "w") as f:
         f.write(render_page(results, command))
     for path in filter(None, [os.path.join(out, "benchmarks.json"), args.json]):
@@ -502,6 +522,9 @@ def main(argv=None):
     print(bench.headline(results))
     print()
     print(bench.markdown_tables(results))
+    if "model" in results:
+        print()
+        print(bench_model_report.tables(results["model"]))
     print(f"\nwrote {out}/benchmarks.md, {out}/benchmarks.json and {out}/{IMG}/bench_*.png",
           file=sys.stderr)
     return 0

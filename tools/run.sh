@@ -90,6 +90,11 @@ test)
     TORCH_CTXEXT_IMPORT=1 "$main/bin/python" "$diff_dir/run.py" --out "$out/diff-backport.json" >/dev/null 2>&1
     "$main/bin/python" "$diff_dir/run.py" --compare "$out/diff-ref.json" "$out/diff-backport.json" \
         --allow "$diff_dir/deviations.txt"
+    echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile) and examples/, native $reference"
+    # Where fusion happens in each stack is pinned on 2.13.0 + torch_ctxext above;
+    # native 2.15 is the reference behaviour, so the same tests must pass there.
+    "$cache/venv-$reference/bin/python" -m pytest -q -p no:cacheprovider -o addopts= \
+        --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py"
     echo "== documentation site (warnings are errors)"
     build_docs
     ;;
