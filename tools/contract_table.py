@@ -16,9 +16,27 @@ SUITE = os.path.join(ROOT, "torch_ctxext", "conformance")
 PAGE = os.path.join(ROOT, "docs", "contract-tests.md")
 
 
+def members():
+    """The contract's members, read from torch_ctxext/_features.py (importing
+    the package would import torch and patch it)."""
+    tree = ast.parse(open(os.path.join(ROOT, "torch_ctxext", "_features.py")).read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MEMBERS":
+            return ast.literal_eval(node.value)
+    raise SystemExit("MEMBERS not found in torch_ctxext/_features.py")
+
+
+def member_of(path):
+    """test_<member>.py, or test_<member>_<concern>.py for a member whose
+    tests are split by concern."""
+    name = os.path.basename(path)[len("test_") : -len(".py")]
+    known = sorted(members(), key=len, reverse=True)
+    return next((m for m in known if name == m or name.startswith(m + "_")), name)
+
+
 def rows():
     for path in sorted(glob.glob(os.path.join(SUITE, "test_*.py"))):
-        member = os.path.basename(path)[len("test_") : -len(".py")]
+        member = member_of(path)
         tree = ast.parse(open(path).read())
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):

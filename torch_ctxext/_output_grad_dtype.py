@@ -143,6 +143,11 @@ def _apply_declarations(ctx, output):
         )
     differentiable = _C.differentiable_outputs(ctx)
     recorded = bool(differentiable)
+    # Up to torch 2.12 the ctx holds its node weakly: when every output was
+    # non-differentiable, nothing keeps the node alive and it is gone by now,
+    # although a graph was recorded. Its outputs then tell: a differentiable
+    # output of a recorded graph requires grad.
+    node_gone = not recorded and torch.is_grad_enabled() and any(ctx.needs_input_grad)
     dirty_view_declared = False
     for index, (dtype, out) in enumerate(zip(dtypes, outputs)):
         if dtype is not None and not isinstance(dtype, torch.dtype):
@@ -152,6 +157,8 @@ def _apply_declarations(ctx, output):
             )
         if recorded:
             carries_grad = differentiable[index]
+        elif node_gone:
+            carries_grad = isinstance(out, torch.Tensor) and out.requires_grad
         else:  # no graph: judge by the value, as far as it can tell
             carries_grad = isinstance(out, torch.Tensor) and _is_differentiable_dtype(
                 out.dtype
