@@ -21,7 +21,7 @@ except ImportError:
     )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SUPPORTED = ">=2.12,<2.16"
+SUPPORTED = ">=2.6,<2.16"
 
 def write_build_info():
     path = os.path.join(HERE, "torch_ctxext", "_build_info.py")

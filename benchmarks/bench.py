@@ -168,6 +168,29 @@ def expose_once():
     return {}
 
 
+def declare_none_once():
+    """Run a Function that declares set_output_grad_dtype(None) once, and
+    drop its graph: on torch <= 2.9 this places torch_ctxext's wrapper around
+    the engine's validate_outputs, which every later node run then passes."""
+    import torch
+
+    class Uncast(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_output_grad_dtype(None)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    Uncast.apply(torch.ones(2, requires_grad=True)).sum().backward()
+    from torch_ctxext import _extension
+
+    ext = _extension.load()
+    return {"uncast_hook_placed": bool(getattr(ext, "uncast_hook_placed", lambda: False)())}
+
+
 def _linear_functions():
     import torch
 
@@ -274,6 +297,7 @@ MEASURES = {
     "idle": measure_idle,
     "fused": measure_fused,
     "expose_once": expose_once,
+    "declare_none_once": declare_none_once,
 }
 
 
@@ -322,7 +346,7 @@ def _built_in_place():
 class Worker:
     """A long-lived measuring process (this file with --worker)."""
 
-    def __init__(self, python, label, plugin, source_tree=True, script=HERE):
+    def __init__(self, python, label, plugin, source_tree=True, script=HERE, path=None):
         self.label = label
         self.log = tempfile.NamedTemporaryFile(
             "w+", prefix=f"torch_ctxext-bench-{label}-", suffix=".log", delete=False
@@ -337,6 +361,8 @@ class Worker:
             # The source tree's torch_ctxext first; harmless for workers that
             # never import it. Otherwise the installed one is measured.
             env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+        if path:  # a copy of the tree built in place for this interpreter's torch
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
         # script: this file, or another benchmark that serves its own
         # measurements through worker_main (bench_model.py).
         command = [python, script, "--worker"] + (["--plugin"] if plugin else [])
@@ -559,43 +585,89 @@ def _collect_idle(workers, plan):
     return result
 
 
-def collect_idle_releases(pythons, plan):
-    """Idle cost on other torch releases: a process with `import torch_ctxext`
-    (the one installed in that environment) against one without, alternated.
-    Returns {torch version: {"us": ..., "with_import": ratio stats}}."""
+def collect_idle_releases(pythons, plan, native=None):
+    """Idle and read cost on each torch release, with the torch_ctxext of that
+    environment: its installed one, or, for ``PYTHON:DIR``, the copy of the
+    tree built in place in DIR (first on PYTHONPATH).
+
+    Per release, alternated side by side: forward+backward of a Function that
+    uses nothing new in a process with ``import torch_ctxext`` against one
+    without; where torch_ctxext wraps the engine's validate_outputs (torch <=
+    2.9), a third process in which a None declaration placed that wrapper;
+    and reading ctx.input_grad_buffers against native torch 2.15 (``native``,
+    its python), where torch_ctxext provides it. Returns {torch version:
+    {"us": ..., "with_import": ratio stats, ["with_uncast_hook": ...],
+    ["read_us": ..., "read_over_native": ...], "features": ...}}."""
     results = {}
-    for python in pythons:
-        pair = [Worker(python, "without", False, source_tree=False),
-                Worker(python, "with", True, source_tree=False)]
+    for entry in pythons:
+        python, _, path = entry.partition(":")
+        workers = [Worker(python, "without", False, source_tree=False, path=path or None),
+                   Worker(python, "with", True, source_tree=False, path=path or None)]
         try:
-            version = pair[0].ready()["torch"]
-            pair[1].ready()
+            info = workers[1].ready()
+            version = workers[0].ready()["torch"]
+            features = info.get("features", {})
+            if features.get("set_output_grad_dtype") == "torch_ctxext":
+                hooked = Worker(python, "with-uncast-hook", True, source_tree=False, path=path or None)
+                workers.append(hooked)
+                if not hooked.call("declare_none_once")["uncast_hook_placed"]:
+                    workers.pop().close()  # the engine leaves None uncast: no wrapper
             _, per_round = alternate(
-                pair, plan["idle_rounds"], "idle", "fwd_bwd_us",
+                workers, plan["idle_rounds"], "idle", "fwd_bwd_us",
                 n=plan["idle_n"], samples=plan["idle_samples"], warmup=plan["idle_warmup"],
             )
+            row = {
+                "features": features,
+                "us": {k: statistics.median(v) for k, v in per_round.items()},
+                "with_import": ratio_stats(
+                    [a / b for a, b in zip(per_round["with"], per_round["without"])]
+                ),
+            }
+            if "with-uncast-hook" in per_round:
+                row["with_uncast_hook"] = ratio_stats(
+                    [a / b for a, b in zip(per_round["with-uncast-hook"], per_round["without"])]
+                )
+            if native and features.get("input_grad_buffers") == "torch_ctxext":
+                reference = Worker(native, "native", False, source_tree=False)
+                workers.append(reference)
+                pair = [workers[1], reference]
+                _, reads = alternate(
+                    pair, plan["read_rounds"], "read", "read_us",
+                    n=plan["read_n"], samples=plan["read_samples"],
+                )
+                row["read_us"] = {k: statistics.median(v) for k, v in reads.items()}
+                row["read_over_native"] = ratio_stats(
+                    [a / b for a, b in zip(reads["with"], reads["native"])]
+                )
         finally:
-            for w in pair:
+            for w in workers:
                 w.close()
-        results[version] = {
-            "us": {k: statistics.median(v) for k, v in per_round.items()},
-            "with_import": ratio_stats(
-                [a / b for a, b in zip(per_round["with"], per_round["without"])]
-            ),
-        }
-        log(f"idle on torch {version} done")
+        results[version] = row
+        log(f"idle and read on torch {version} done")
     return results
+
+
+def _release_key(version):
+    return tuple(int(p) for p in version.split("+")[0].split(".")[:3])
 
 
 def idle_releases_table(results):
     out = [
-        "| torch | fwd+bwd with `import torch_ctxext` | without | ratio (10th–90th percentile of rounds) | target |",
-        "|---|---|---|---|---|",
+        "| torch | provided by torch_ctxext | idle: with `import torch_ctxext` / without "
+        "(10th–90th pct.) | idle after a `None` declaration (torch ≤ 2.9) | "
+        "reading `ctx.input_grad_buffers` | read / native 2.15 |",
+        "|---|---|---|---|---|---|",
     ]
-    for version, r in sorted(results["idle_releases"].items()):
+    for version, r in sorted(results["idle_releases"].items(), key=lambda kv: _release_key(kv[0])):
+        provided = ", ".join(
+            f"`{m}`" for m, how in sorted(r.get("features", {}).items()) if how == "torch_ctxext"
+        ) or "nothing"
+        hook = _spread(r["with_uncast_hook"]) if "with_uncast_hook" in r else "–"
+        read = f"{r['read_us']['with']:.2f} us" if "read_us" in r else "native"
+        over = _spread(r["read_over_native"]) if "read_over_native" in r else "–"
         out.append(
-            f"| {version} | {r['us']['with']:.2f} us | {r['us']['without']:.2f} us "
-            f"| {_spread(r['with_import'])} | ≤ 1.02 |"
+            f"| {version} | {provided} | {_spread(r['with_import'])} "
+            f"({r['us']['with']:.1f} / {r['us']['without']:.1f} us) | {hook} | {read} | {over} |"
         )
     return "\n".join(out)
 

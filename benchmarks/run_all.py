@@ -4,6 +4,8 @@
                                  [--torch-2-13 PY213] [--json FILE]
     python benchmarks/run_all.py --from-json docs/benchmarks.json [--out docs]
     python benchmarks/run_all.py --from-json FILE --remeasure check_function|model --torch-2-15 PY215
+    python benchmarks/run_all.py --from-json FILE --remeasure releases --torch-2-15 PY215 \\
+                                 --other-releases PYTHON[:BUILT_TREE]...
 
 Measures with benchmarks/bench.py (worker processes alternated side by side,
 see its docstring), then writes
@@ -33,6 +35,13 @@ rest:
 
     python benchmarks/run_all.py --from-json docs/benchmarks.json --remeasure check_function \\
         --torch-2-13 PY213 --torch-2-15 PY215
+
+``--remeasure releases`` measures the idle and read cost on each release given
+with ``--other-releases`` (that environment's installed torch_ctxext, or the
+copy of the tree built in place in BUILT_TREE) and merges the rows into the
+earlier results, release by release, so that releases whose environments do
+not fit on the disk together can be measured one after another
+(``bash tools/run.sh matrix --bench`` does, for every supported release).
 """
 import argparse
 import json
@@ -328,11 +337,15 @@ def render_page(results, command):
         ]
     if "idle_releases" in results:
         lines += [
-            "## Idle cost on each supported torch",
+            "## Idle and read cost on each supported torch",
             "",
-            "The same idle measurement, with the torch_ctxext installed in each "
-            "release's environment (what it patches differs: see the compatibility "
-            "matrix):",
+            "The same idle measurement on each release, with torch_ctxext built for "
+            "it (what it patches differs: see the compatibility matrix); where it "
+            "wraps the engine's validate_outputs (torch 2.6 to 2.9), also in a process "
+            "in which a `None` declaration placed that wrapper; and reading "
+            "`ctx.input_grad_buffers` (two exposed entries) against native torch 2.15 "
+            "in the same run. Releases are measured one run after another "
+            "(`--remeasure releases`); each row's ratios were taken side by side:",
             "",
             bench.idle_releases_table(results),
             "",
@@ -438,8 +451,9 @@ def main(argv=None):
     parser.add_argument("--torch-2-13", metavar="PYTHON",
                         help="python of the torch 2.13 environment (default: this one)")
     parser.add_argument("--other-releases", metavar="PYTHON", nargs="*", default=[],
-                        help="pythons of other torch releases with torch_ctxext installed: "
-                        "adds the idle cost on each")
+                        help="pythons of other torch releases with torch_ctxext installed, "
+                        "or PYTHON:DIR with a tree built in place in DIR: adds the idle "
+                        "and read cost on each")
     parser.add_argument("--torch-2-12", metavar="PYTHON",
                         help="python of a torch 2.12 environment with torch_ctxext installed: "
                         "adds the boxed-grads peak-memory comparison with this torch 2.13")
@@ -452,11 +466,12 @@ def main(argv=None):
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
     )
     parser.add_argument(
-        "--remeasure", choices=["check_function", "model"], action="append", default=[],
+        "--remeasure", choices=["check_function", "model", "releases"], action="append", default=[],
         help="with --from-json: measure this part again (with --torch-2-13 / this "
         "interpreter and --torch-2-15 where given) and keep the rest of the earlier "
         "results; 'model' is the shared-layer model (benchmarks/bench_model.py, 5 to 8 "
-        "minutes, needs --torch-2-15)",
+        "minutes, needs --torch-2-15); 'releases' the idle and read cost on each of "
+        "--other-releases (read against --torch-2-15), merged release by release",
     )
     args = parser.parse_args(argv)
     plt = _pyplot()
@@ -467,7 +482,7 @@ def main(argv=None):
     command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
         " --torch-2-12 PYTHON_OF_TORCH_2.12" if args.torch_2_12 else ""
     ) + (
-        " --other-releases PYTHONS_OF_2.12_2.14_2.15" if args.other_releases else ""
+        " --other-releases PYTHONS_OF_THE_OTHER_RELEASES" if args.other_releases else ""
     ) + (
         " --quick" if args.quick else ""
     )
@@ -478,7 +493,7 @@ def main(argv=None):
         command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
             " --torch-2-12 PYTHON_OF_TORCH_2.12" if "boxed" in results else ""
         ) + (
-            " --other-releases PYTHONS_OF_2.12_2.14_2.15" if "idle_releases" in results else ""
+            " --other-releases PYTHONS_OF_THE_OTHER_RELEASES" if "idle_releases" in results else ""
         ) + (" --quick" if results["quick"] else "")
         if "check_function" in args.remeasure:
             import bench_check_function
@@ -489,13 +504,20 @@ def main(argv=None):
             if not args.torch_2_15:
                 parser.error("--remeasure model needs --torch-2-15 (the native side)")
             results["model"] = bench_model.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
+        if "releases" in args.remeasure:
+            if not args.other_releases:
+                parser.error("--remeasure releases needs --other-releases")
+            plan = dict(bench.PLANS["quick" if results["quick"] else "full"])
+            results.setdefault("idle_releases", {}).update(
+                bench.collect_idle_releases(args.other_releases, plan, native=args.torch_2_15))
     elif not args.torch_2_15:
         parser.error("--torch-2-15 is required (the native side of every comparison)")
     else:
         results = bench.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
         if args.other_releases:
             plan = dict(bench.PLANS["quick" if args.quick else "full"])
-            results["idle_releases"] = bench.collect_idle_releases(args.other_releases, plan)
+            results["idle_releases"] = bench.collect_idle_releases(
+                args.other_releases, plan, native=args.torch_2_15)
         if args.torch_2_12:
             results["boxed"] = boxed_memory([args.torch_2_12, args.torch_2_13 or sys.executable])
         if not args.quick:

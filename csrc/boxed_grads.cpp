@@ -33,7 +33,7 @@
 
 namespace torch_ctxext {
 
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12
+#if TORCH_CTXEXT_NO_NATIVE_BOXED_GRADS
 
 namespace {
 

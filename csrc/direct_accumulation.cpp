@@ -2,7 +2,6 @@
 
 #include "patching.h"
 
-#include <ATen/DeviceAccelerator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
@@ -39,11 +38,12 @@ void validate_direct_accumulation(const InputBuffer& buffer, size_t pos,
         << this_thread;
     throw std::runtime_error(msg.str());
   }
-  if (at::accelerator::isAccelerator(device.type())) {
-    const auto& accumulation = buffer.opt_accum_streams.at(pos);
-    const auto& ready = buffer.ready_streams.at(pos);
+  if (is_accelerator(device.type())) {
+    const auto accumulation = accumulation_stream(buffer, pos);
+    const auto ready = ready_stream(buffer, pos);
     if (!accumulation || !ready) {
-      // The engine records both for every accelerator slot it filled.
+      // The engine records both for every accelerator slot it filled (from
+      // torch 2.8; callers never expose an accelerator slot before).
       throw std::runtime_error(
           "torch_ctxext: the engine recorded no accumulation or ready stream "
           "for this accelerator buffer, so direct accumulation into it cannot "
@@ -78,9 +78,13 @@ void validate_direct_accumulation(const InputBuffer& buffer, size_t pos,
   }
 }
 
+bool direct_accumulation_checkable(const c10::Device& device) {
+  return slots_record_streams() || !is_accelerator(device.type());
+}
+
 std::optional<c10::Stream> consumer_stream(const InputBuffer& buffer,
                                            Node* consumer) {
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12
+#if TORCH_CTXEXT_NO_STALE_CAPTURE_OVERRIDE
   (void)buffer;  // no stale-capture override before torch 2.13
   return consumer->stream();
 #else
@@ -149,15 +153,17 @@ std::optional<std::thread::id> find_thread_locked(const GraphTask* task,
 
 // --- the engine hook on InputBuffer::add ----------------------------------------
 
-// InputBuffer::add(size_t, Variable&&, const optional<Stream>& producer,
-// const optional<Stream>& consumer, Node* consumer_node), the symbol the
-// engine (libtorch_cpu) calls through its PLT on every release we support.
-constexpr const char* kAddSymbol =
-    "_ZN5torch8autograd11InputBuffer3addEmON2at6TensorERKSt8optionalIN3c106StreamEESA_PNS0_4NodeE";
-
 std::atomic<uint64_t> validated_count{0};
 std::atomic<bool> hook_placed{false};
-std::once_flag hook_attempt;
+[[maybe_unused]] std::once_flag hook_attempt;
+
+#if !TORCH_CTXEXT_ADD_WITHOUT_CONSUMER_NODE
+// InputBuffer::add(size_t, Variable&&, const optional<Stream>& producer,
+// const optional<Stream>& consumer, Node* consumer_node), the symbol the
+// engine (libtorch_cpu) calls through its PLT from torch 2.10 on (no
+// std::string in it: one spelling for both C++ ABIs).
+constexpr const char* kAddSymbol =
+    "_ZN5torch8autograd11InputBuffer3addEmON2at6TensorERKSt8optionalIN3c106StreamEESA_PNS0_4NodeE";
 
 void add_with_validation(InputBuffer* self, size_t pos, at::Tensor&& var,
                          const std::optional<c10::Stream>& producer,
@@ -183,6 +189,7 @@ void add_with_validation(InputBuffer* self, size_t pos, at::Tensor&& var,
   // Through this library's own PLT entry: the real InputBuffer::add.
   self->add(pos, std::move(var), producer, consumer, consumer_node);
 }
+#endif
 
 // Whether the engine can run a graph task's nodes on more than one thread:
 // it starts a thread per device of every registered non-CPU device type
@@ -215,6 +222,10 @@ bool needs_hook() {
 }
 
 void try_place_hook() {
+#if TORCH_CTXEXT_ADD_WITHOUT_CONSUMER_NODE
+  // No consumer node to key the slot records by (engine_layout.h):
+  // later_producers_validated() stays false where the hook is needed.
+#else
   std::call_once(hook_attempt, [] {
     void** slot = find_got_slot("libtorch_cpu", kAddSymbol);
     if (slot == nullptr) {
@@ -223,6 +234,7 @@ void try_place_hook() {
     write_code_pointer(slot, reinterpret_cast<void*>(&add_with_validation));
     hook_placed.store(true);
   });
+#endif
 }
 
 }  // namespace
@@ -283,12 +295,18 @@ bool producer_hook_placed() {
 }
 
 void place_producer_hook() {
+#if TORCH_CTXEXT_ADD_WITHOUT_CONSUMER_NODE
+  throw std::runtime_error(
+      "torch_ctxext: InputBuffer::add takes no consumer node before torch "
+      "2.10; later producers cannot be validated on this torch");
+#else
   try_place_hook();
   if (!hook_placed.load()) {
     throw std::runtime_error(
         "torch_ctxext: libtorch_cpu makes no call to InputBuffer::add through "
         "its GOT on this build; later producers cannot be validated");
   }
+#endif
 }
 
 }  // namespace torch_ctxext

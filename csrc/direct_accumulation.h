@@ -24,8 +24,6 @@
 
 namespace torch_ctxext {
 
-using torch::autograd::InputBuffer;
-
 // Throws std::runtime_error with torch 2.15's text when accumulating into
 // slot `pos` of `buffer` (exposed on `exposing_thread`) from this thread, for
 // a gradient on `device` produced on `producer` and consumed on `consumer`,
@@ -35,6 +33,11 @@ void validate_direct_accumulation(const InputBuffer& buffer, size_t pos,
                                   const std::optional<c10::Stream>& producer,
                                   const std::optional<c10::Stream>& consumer,
                                   std::thread::id exposing_thread);
+
+// Whether accumulating into a slot on `device` can be validated at all on
+// this torch: not for an accelerator slot before 2.8, whose engine records no
+// per-slot streams (engine_layout.h, D). Such a slot is never exposed.
+bool direct_accumulation_checkable(const c10::Device& device);
 
 // The stream the consumer node will run on: the one a stale-capture override
 // recorded in its buffer, else its own (as Engine::evaluate_function picks).

@@ -83,6 +83,37 @@ template struct ExposeMember<AutogradTlsMember, &at::ThreadLocalState::autograd_
 
 }  // namespace
 
+#if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+void set_metadata_options_dtype(InputMetadata& metadata, at::ScalarType dtype) {
+  // Up to torch 2.9 the dtype the engine casts a node input's gradients to is
+  // the one in InputMetadata::options_, declared `const` with no setter, and
+  // the const member deletes the assignment operator. Replacing the element
+  // (destroy + placement new) is no better: C++17 ([basic.life]/8) forbids
+  // reaching a replaced object with a const member through the old pointer,
+  // which is how the node's vector would reach it, and the constructor would
+  // capture the current stream anew. So the member is written in place, as
+  // the research for issue 13 measured on 2.6 to 2.9. What makes it safe:
+  //  * the metadata is never a const object: it lives on the heap, in the
+  //    node's input_metadata_ vector, and libtorch reads it through
+  //    options() in other translation units after opaque calls, so no
+  //    compiled code can have folded the value it had at construction;
+  //  * it is written once, by the thread that created the node, while
+  //    Function.apply is returning and before its outputs reach the caller,
+  //    so no engine thread can be reading it;
+  //  * only on the releases whose engine casts to this dtype (the #if), and
+  //    only after the import-time layout probe read a node's metadata back as
+  //    Python sees it (_layout_check.py, "metadata");
+  //  * it is read back here, and a write that did not take is an error.
+  auto& options = const_cast<at::TensorOptions&>(metadata.options());
+  options = options.dtype(dtype);
+  if (c10::typeMetaToScalarType(metadata.dtype()) != dtype) {
+    throw std::runtime_error(
+        "torch_ctxext: the gradient dtype of an output could not be recorded "
+        "in the engine's input metadata on this torch build");
+  }
+}
+#endif
+
 bool task_creates_graph(const GraphTask* task) {
   const at::ThreadLocalState& state = task->thread_locals_;
   return (state.*member_pointer(AutogradTlsMember{})).get_grad_mode();
@@ -110,11 +141,12 @@ CtxLayoutFacts read_ctx_layout(PyObject* obj) {
   facts.materialize_grads = ctx->materialize_grads;
   Node* node = node_of(ctx);
   facts.has_node = node != nullptr;
+  facts.node_address = reinterpret_cast<uintptr_t>(node);
   if (node == nullptr) {
     return facts;
   }
   auto* py_node = static_cast<torch::autograd::PyNode*>(node);
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12
+#if TORCH_CTXEXT_WEAK_CTX_NODE
   facts.node_points_back = py_node->obj == obj;
 #else
   facts.node_points_back = py_node->pyobj() == obj;

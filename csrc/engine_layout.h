@@ -14,15 +14,141 @@
 #include <torch/csrc/autograd/python_function.h>
 #include <torch/version.h>
 
+#include <ATen/CachedTensorUtils.h>
+#include <ATen/DeviceAccelerator.h>
+#include <torch/csrc/autograd/input_buffer.h>
+#include <torch/csrc/autograd/input_metadata.h>
+
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <vector>
+
+// --- Where torch releases differ (measured on 2.6 to 2.15) ---------------------
+//
+// Each boundary is the newest release that still has the old behaviour; the
+// code below branches on it, never on a release list. See
+// docs/compatibility.md for what each boundary means for users.
+
+#define TORCH_CTXEXT_TORCH_AT_MOST(minor) \
+  (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= (minor))
+
+// <= 2.12: THPFunction::cdata is a std::weak_ptr<PyNode> (an intrusive_ptr
+// from 2.13), and PyNode::apply cannot box grads (native from 2.13).
+#define TORCH_CTXEXT_WEAK_CTX_NODE TORCH_CTXEXT_TORCH_AT_MOST(12)
+#define TORCH_CTXEXT_NO_NATIVE_BOXED_GRADS TORCH_CTXEXT_TORCH_AT_MOST(12)
+
+// <= 2.12: no stale-capture stream override (at::Context::
+// overrideStaleCaptureStream, InputBuffer::opt_overridden_consumer_stream
+// appear in 2.13).
+#define TORCH_CTXEXT_NO_STALE_CAPTURE_OVERRIDE TORCH_CTXEXT_TORCH_AT_MOST(12)
+
+// <= 2.9 (boundaries A, B and C):
+// A. The engine decides whether it may accumulate into a buffer slot in
+//    place by at::caching::adjusted_use_count(v) == 1 (PyObject preservation
+//    made a dropped Python wrapper owned by the TensorImpl, so it does not
+//    count); from 2.10 by impl::is_tensor_stealable, which discounts such a
+//    wrapper explicitly (new PyObject preservation: the wrapper holds a count).
+// B. InputMetadata has no grad_dtype_: validate_outputs casts every incoming
+//    gradient to the dtype in InputMetadata::options_ (from 2.10 to
+//    grad_dtype_, the output's dtype unless set_grad_dtype changed it, and
+//    not at all when that is nullopt).
+// C. Hence a gradient declared "uncast" (set_output_grad_dtype(None)) is cast
+//    anyway unless validate_outputs is hooked (output_grad_dtype.h).
+#define TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE TORCH_CTXEXT_TORCH_AT_MOST(9)
+// Also <= 2.9: InputBuffer::add(pos, var, producer stream, consumer stream)
+// takes no consumer Node* (a fifth parameter from 2.10), and the hook that
+// validates producers reaching an exposed slot later needs it to find the
+// slot's record (direct_accumulation.cpp). Where that hook would be needed
+// (a process with accelerators), slots that still expect later producers
+// are therefore not exposed on these releases.
+#define TORCH_CTXEXT_ADD_WITHOUT_CONSUMER_NODE TORCH_CTXEXT_TORCH_AT_MOST(9)
+
+// <= 2.7 (boundary D): InputBuffer keeps only `buffer`; the per-slot
+// accumulation and ready streams (opt_accum_streams, ready_streams) the
+// direct-accumulation rules check appear in 2.8.
+#define TORCH_CTXEXT_NO_SLOT_STREAMS TORCH_CTXEXT_TORCH_AT_MOST(7)
+
+// <= 2.6: at::isAccelerator (namespace at) is the only spelling;
+// at::accelerator::isAccelerator from 2.7. The 2.6 wheels are also the only
+// ones built with the old C++ ABI (_GLIBCXX_USE_CXX11_ABI=0), which changes
+// every mangled name that mentions std::string (output_grad_dtype.cpp).
+#define TORCH_CTXEXT_OLD_ACCELERATOR_API TORCH_CTXEXT_TORCH_AT_MOST(6)
 
 namespace torch_ctxext {
 
 using torch::autograd::GraphTask;
+using torch::autograd::InputBuffer;
+using torch::autograd::InputMetadata;
 using torch::autograd::Node;
+
+inline bool is_accelerator(c10::DeviceType type) {
+#if TORCH_CTXEXT_OLD_ACCELERATOR_API
+  return at::isAccelerator(type);
+#else
+  return at::accelerator::isAccelerator(type);
+#endif
+}
+
+// A: whether no one but the engine's buffer owns `v`'s TensorImpl, by the
+// rule the running engine itself applies before accumulating in place
+// (input_buffer.cpp, can_accumulate_inplace). A cached tensor (CUDA graphs)
+// is owned once more by the cache.
+inline bool uniquely_owned_by_buffer(const at::Tensor& v) {
+#if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+  return at::caching::adjusted_use_count(v) == 1;
+#else
+  return torch::autograd::impl::is_tensor_stealable(
+      v, 1 + (at::caching::is_cached_tensor(v) ? 1 : 0));
+#endif
+}
+
+// D: the stream the engine accumulates slot `pos` on and the one its last
+// contribution was ready on (both recorded for accelerator slots only).
+// Before 2.8 the engine records neither: nullopt, and slots_record_streams()
+// says so, so that callers never expose an accelerator slot there.
+constexpr bool slots_record_streams() {
+  return !TORCH_CTXEXT_NO_SLOT_STREAMS;
+}
+inline std::optional<c10::Stream> accumulation_stream(const InputBuffer& buffer,
+                                                      size_t pos) {
+#if TORCH_CTXEXT_NO_SLOT_STREAMS
+  (void)buffer, (void)pos;
+  return std::nullopt;
+#else
+  return buffer.opt_accum_streams.at(pos);
+#endif
+}
+inline std::optional<c10::Stream> ready_stream(const InputBuffer& buffer,
+                                               size_t pos) {
+#if TORCH_CTXEXT_NO_SLOT_STREAMS
+  (void)buffer, (void)pos;
+  return std::nullopt;
+#else
+  return buffer.ready_streams.at(pos);
+#endif
+}
+
+#if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+// B: make the engine cast the gradients of a node input to `dtype`, up to
+// torch 2.9 (from 2.10 that is InputMetadata::set_grad_dtype). The engine
+// casts to the dtype of the metadata's options_, a member declared const
+// (`const at::TensorOptions options_;`) with neither a setter nor an
+// assignment; engine_layout.cpp says why it is written anyway and what
+// guards the write.
+void set_metadata_options_dtype(InputMetadata& metadata, at::ScalarType dtype);
+#endif
+
+// The node of a ctx, weakly (for registries that must not mistake a node
+// created later at a freed node's address for it). Up to 2.12 PyNode is owned
+// by a shared_ptr and Node derives from enable_shared_from_this.
+#if TORCH_CTXEXT_WEAK_CTX_NODE
+inline std::weak_ptr<Node> weak_node_of(THPFunction* ctx) {
+  return ctx->cdata;
+}
+#endif
 
 // Raised (as Python's TypeError) when an object that is not the ctx of a
 // custom Function reaches a function that reads it by layout.
@@ -44,7 +170,7 @@ THPFunction* as_ctx(PyObject* obj, const char* who);
 // 2.12 and a c10::intrusive_ptr<Node> from 2.13: this is the one place that
 // knows.
 inline Node* node_of(THPFunction* ctx) {
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12
+#if TORCH_CTXEXT_WEAK_CTX_NODE
   auto locked = ctx->cdata.lock();
   return locked.get();  // kept alive by the running engine or by the graph
 #else
@@ -102,6 +228,7 @@ struct CtxLayoutFacts {
   std::vector<bool> is_variable_input;
   bool materialize_grads = false;
   bool has_node = false;
+  uintptr_t node_address = 0;     // for tests of registries keyed by node
   bool node_points_back = false;  // the node's Python object is this ctx
   std::vector<bool> edge_valid;   // per next edge
   // Per node input (= Function output): scalar type, shape, default-constructed.

@@ -11,7 +11,6 @@
 
 #include "direct_accumulation.h"
 
-#include <ATen/CachedTensorUtils.h>
 #include <ATen/TensorSubclassLikeUtils.h>
 #include <ATen/Context.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
@@ -33,7 +32,8 @@ enum class SlotState { kNotATensor, kNoGradient, kEmpty, kFilled };
 // input_buffer.cpp): a plain dense tensor whose TensorImpl and storage have no
 // other owner. A Python wrapper that nothing but the tensor itself keeps alive
 // (a tensor created in a Python backward, or a buffer handed out earlier and
-// since dropped) is no other owner: is_tensor_stealable discounts it.
+// since dropped) is no other owner: the engine discounts it (how differs by
+// release: engine_layout.h, uniquely_owned_by_buffer).
 // Returns which part of the rule `v` breaks; the getter and explain() both
 // read it, so they cannot disagree.
 enum class InPlace {
@@ -59,8 +59,7 @@ InPlace in_place_rule(const at::Tensor& v) {
   if (!v.is_non_overlapping_and_dense()) {
     return InPlace::kNotDense;
   }
-  if (!torch::autograd::impl::is_tensor_stealable(
-          v, 1 + (at::caching::is_cached_tensor(v) ? 1 : 0))) {
+  if (!uniquely_owned_by_buffer(v)) {  // the rule differs by release
     return InPlace::kShared;
   }
   if (!v.has_storage() || v.storage().use_count() != 1) {
@@ -75,7 +74,7 @@ InPlace in_place_rule(const at::Tensor& v) {
 // running task.
 GraphTask* running_task_for(Node* node) {
   if (node == nullptr) {
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12
+#if TORCH_CTXEXT_WEAK_CTX_NODE
     // cdata is weak up to 2.12: the node of a ctx whose graph was freed is
     // gone, and that ctx is certainly not executing. torch 2.15 keeps the
     // node alive with the ctx and says which of the two it is.
@@ -108,7 +107,7 @@ GraphTask* running_task_for(Node* node) {
   if (torch::autograd::AnomalyMode::is_enabled()) {
     throw std::runtime_error(kAnomaly);
   }
-#if !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= 12)
+#if !TORCH_CTXEXT_NO_STALE_CAPTURE_OVERRIDE
   if (at::globalContext().overrideStaleCaptureStream()) {
     throw std::runtime_error(kStaleCaptureStream);
   }
@@ -217,7 +216,8 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
       return;
     }
     const at::Tensor& tensor = slot.buffer->buffer[slot.pos];
-    if (in_place_rule(tensor) != InPlace::kAllowed) {
+    if (in_place_rule(tensor) != InPlace::kAllowed ||
+        !direct_accumulation_checkable(tensor.device())) {
       return;
     }
     validate_exposure(task, node, slot);
@@ -343,6 +343,13 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
       case InPlace::kAllowed:
         break;
     }
+    if (!direct_accumulation_checkable(tensor.device())) {
+      reason = {"streams_unrecorded",
+                "the gradient is on an accelerator and this torch's engine "
+                "records no accumulation stream per buffer slot (before 2.8), "
+                "so direct accumulation into it cannot be validated"};
+      return;
+    }
     try {
       validate_exposure(task, node, slot);
     } catch (const std::exception& e) {
@@ -353,7 +360,8 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
       reason = {"later_producers_unvalidated",
                 "producers that run later may use another engine thread or "
                 "stream, and torch_ctxext could not place the engine hook "
-                "that validates them on this torch build"};
+                "that validates them on this torch build (it needs torch "
+                "2.10 or later)"};
       return;
     }
     reason = {"exposed", "the buffer is exposed"};

@@ -165,6 +165,7 @@ PYBIND11_MODULE(_C, m) {
     d["is_variable_input"] = f.is_variable_input;
     d["materialize_grads"] = f.materialize_grads;
     d["has_node"] = f.has_node;
+    d["node_address"] = f.node_address;
     d["node_points_back"] = f.node_points_back;
     d["edge_valid"] = f.edge_valid;
     d["input_dtype"] = dtypes_of(f.input_dtype);
@@ -185,6 +186,20 @@ PYBIND11_MODULE(_C, m) {
     d["not_ready"] = f.not_ready;
     return d;
   });
+  // What this build does per torch release (engine_layout.h), for
+  // features(), `info` and the tests.
+  m.attr("engine_casts_every_gradient") =
+      bool(TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE);
+  m.attr("later_producers_hookable") = !TORCH_CTXEXT_ADD_WITHOUT_CONSUMER_NODE;
+  m.attr("slots_record_streams") = torch_ctxext::slots_record_streams();
+#if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+  // set_output_grad_dtype(None) through the validate_outputs wrapper.
+  m.def("uncast_gradients_available", &torch_ctxext::uncast_gradients_available);
+  m.def("live_uncast_declarations", &torch_ctxext::live_uncast_declarations);
+  m.def("uncast_hook_placed", &torch_ctxext::uncast_hook_placed);
+  m.def("uncast_hook_locked_calls", &torch_ctxext::uncast_hook_locked_calls);
+  m.def("uncast_gradients_restored", &torch_ctxext::uncast_gradients_restored);
+#endif
   // For tests of the engine hook that validates later producers.
   m.def("validated_later_producers", &torch_ctxext::validated_later_producers);
   m.def("producer_hook_placed", &torch_ctxext::producer_hook_placed);

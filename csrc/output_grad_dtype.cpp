@@ -3,6 +3,23 @@
 #include <stdexcept>
 #include <string>
 
+#if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+#include "patching.h"
+
+#include <dlfcn.h>
+
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#endif
+
 namespace torch_ctxext {
 
 std::vector<bool> differentiable_outputs(PyObject* ctx_obj) {
@@ -31,7 +48,17 @@ void set_output_grad_dtype(PyObject* ctx_obj, size_t index,
     throw std::out_of_range("torch_ctxext: output " + std::to_string(index) +
                             " carries no gradient metadata");
   }
+#if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+  // Up to torch 2.9 the engine casts to the metadata's own dtype, and casts
+  // even when told nothing (engine_layout.h, B and C).
+  if (dtype.has_value()) {
+    set_metadata_options_dtype(node->mutable_input_metadata(index), *dtype);
+  } else {
+    keep_gradients_uncast(weak_node_of(ctx), index);
+  }
+#else
   node->mutable_input_metadata(index).set_grad_dtype(dtype);
+#endif
   if (dtype.has_value() && index < ctx->output_info.size()) {
     ctx->output_info[index].scalar_type = *dtype;
   }
@@ -103,3 +130,201 @@ void note_declaration() {
 }
 
 }  // namespace torch_ctxext
+
+// --- set_output_grad_dtype(None) up to torch 2.9 (see the header) -------------
+
+#if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+
+namespace torch_ctxext {
+
+namespace {
+
+using torch::autograd::Edge;
+using torch::autograd::edge_list;
+using torch::autograd::variable_list;
+using FormatError = std::function<std::string(const std::string&)>;
+using ValidateOutputs = void (*)(const edge_list&, variable_list&, const FormatError&);
+
+// validate_outputs(const edge_list&, variable_list&, const std::function<
+// std::string(const std::string&)>&): its mangled name spells std::string,
+// which the old C++ ABI of the torch 2.6 wheels mangles as `Ss` and the new
+// one (2.7 on) as `NSt7__cxx1112basic_string...`. This file is compiled with
+// the ABI of the installed torch (torch.utils.cpp_extension passes it), so
+// the macro picks the right one; uncast_gradients_available() also checks it
+// against the symbol the loader resolved for our own call.
+#if _GLIBCXX_USE_CXX11_ABI
+constexpr const char* kValidateOutputsSymbol =
+    "_ZN5torch8autograd16validate_outputsERKSt6vectorINS0_4EdgeESaIS2_EERS1_IN2at6TensorESaIS8_EERKSt8functionIFNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEERKSI_EE";
+#else
+constexpr const char* kValidateOutputsSymbol =
+    "_ZN5torch8autograd16validate_outputsERKSt6vectorINS0_4EdgeESaIS2_EERS1_IN2at6TensorESaIS8_EERKSt8functionIFSsRKSsEE";
+#endif
+
+// The original: reached through this library's own PLT entry, which the
+// loader bound to libtorch_cpu's definition (never through the GOT entry we
+// replace, whose lazy-binding stub would put the real address back).
+const ValidateOutputs original_validate_outputs = &torch::autograd::validate_outputs;
+
+struct Key {
+  const Node* node;
+  uint32_t input_nr;
+  bool operator==(const Key& other) const {
+    return node == other.node && input_nr == other.input_nr;
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    return std::hash<const void*>()(key.node) ^ (std::hash<uint32_t>()(key.input_nr) << 1);
+  }
+};
+
+std::mutex registry_mutex;
+std::unordered_map<Key, std::weak_ptr<Node>, KeyHash> declared;  // under the mutex
+size_t calls_since_sweep = 0;                                    // under the mutex
+// declared.size(), readable without the lock: the wrapper's fast path.
+std::atomic<size_t> declared_count{0};
+std::atomic<uint64_t> locked_calls{0};
+std::atomic<uint64_t> restored{0};
+std::atomic<bool> placed{false};
+
+void publish_count_locked() {
+  declared_count.store(declared.size(), std::memory_order_release);
+}
+
+// Drop the records of nodes that died. Called on every declaration and, from
+// the wrapper, once per as many calls as there are records: amortized
+// constant per call, and the fast path comes back within that many node runs
+// after the last declaring node died.
+void sweep_locked() {
+  for (auto it = declared.begin(); it != declared.end();) {
+    it = it->second.expired() ? declared.erase(it) : std::next(it);
+  }
+  calls_since_sweep = 0;
+  publish_count_locked();
+}
+
+// Whether the input `edge` leads to was declared None (under the mutex).
+bool declared_uncast_locked(const Edge& edge) {
+  auto it = declared.find({edge.function.get(), edge.input_nr});
+  if (it == declared.end()) {
+    return false;
+  }
+  if (it->second.expired()) {
+    // The declaring node died; this is another node at its address.
+    declared.erase(it);
+    publish_count_locked();
+    return false;
+  }
+  return true;
+}
+
+void validate_outputs_keeping_uncast(const edge_list& edges, variable_list& grads,
+                                     const FormatError& format_error) {
+  if (declared_count.load(std::memory_order_acquire) == 0) {
+    original_validate_outputs(edges, grads, format_error);
+    return;
+  }
+  locked_calls.fetch_add(1, std::memory_order_relaxed);
+  c10::SmallVector<std::pair<size_t, at::Tensor>, 4> kept;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    if (++calls_since_sweep > declared.size()) {
+      sweep_locked();
+    }
+    for (size_t i = 0; i < edges.size() && i < grads.size(); ++i) {
+      if (edges[i].is_valid() && grads[i].defined() &&
+          declared_uncast_locked(edges[i])) {
+        kept.emplace_back(i, grads[i]);
+      }
+    }
+  }
+  // Shape, device and layout checks, reduction and the cast, as always.
+  original_validate_outputs(edges, grads, format_error);
+  for (auto& [i, incoming] : kept) {
+    if (!grads[i].defined() || grads[i].scalar_type() == incoming.scalar_type()) {
+      continue;
+    }
+    const auto& metadata = edges[i].function->input_metadata(edges[i].input_nr);
+    at::Tensor uncast = metadata.maybe_reduce(i, std::move(incoming), format_error);
+    if (uncast.device() != grads[i].device()) {
+      uncast = uncast.to(grads[i].device());  // a CPU scalar moved to the input's device
+    }
+    grads[i] = std::move(uncast);
+    restored.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void** validate_outputs_slot() {
+  static void** const slot = [] {
+    // The symbol the GOT entry is for must be the function we call as the
+    // original: compare it with the name the loader gives that address.
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(original_validate_outputs), &info) == 0 ||
+        info.dli_sname == nullptr ||
+        std::strcmp(info.dli_sname, kValidateOutputsSymbol) != 0) {
+      return static_cast<void**>(nullptr);
+    }
+    return find_got_slot("libtorch_cpu", kValidateOutputsSymbol);
+  }();
+  return slot;
+}
+
+std::once_flag place_once;
+
+void place_wrapper() {
+  std::call_once(place_once, [] {
+    void** slot = validate_outputs_slot();
+    if (slot == nullptr) {
+      return;
+    }
+    write_code_pointer(slot, reinterpret_cast<void*>(&validate_outputs_keeping_uncast));
+    placed.store(true);
+  });
+  if (!placed.load()) {
+    throw std::runtime_error(
+        "torch_ctxext: set_output_grad_dtype(None) cannot be honoured on this "
+        "torch build: libtorch_cpu makes no call to validate_outputs through "
+        "its GOT, and torch <= 2.9 casts every gradient to the output's dtype");
+  }
+}
+
+}  // namespace
+
+bool uncast_gradients_available() {
+  return validate_outputs_slot() != nullptr;
+}
+
+void keep_gradients_uncast(const std::weak_ptr<Node>& node, size_t input_nr) {
+  auto alive = node.lock();
+  if (!alive) {
+    throw std::logic_error("torch_ctxext: declaring None for a node that is gone");
+  }
+  place_wrapper();
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  sweep_locked();
+  declared[{alive.get(), static_cast<uint32_t>(input_nr)}] = node;
+  publish_count_locked();
+}
+
+size_t live_uncast_declarations() {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  sweep_locked();
+  return declared.size();
+}
+
+bool uncast_hook_placed() {
+  return placed.load();
+}
+
+uint64_t uncast_hook_locked_calls() {
+  return locked_calls.load();
+}
+
+uint64_t uncast_gradients_restored() {
+  return restored.load();
+}
+
+}  // namespace torch_ctxext
+
+#endif  // TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE

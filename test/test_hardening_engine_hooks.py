@@ -5,7 +5,9 @@
   gets a TypeError, never a cast.
 * The engine hook that validates producers reaching an exposed buffer later
   (placed on a machine with accelerators, forced here) sees those producers,
-  leaves the gradients exact, and keeps the patched page's protection.
+  leaves the gradients exact, and keeps the patched page's protection. Where
+  it cannot be placed (torch <= 2.9), a slot that still expects later
+  producers is not exposed in such a process.
 
 The forced-hook scenarios run in a subprocess: the hook stays for the life of
 the process that placed it.
@@ -114,6 +116,19 @@ FUSED_WITH_LATER_PRODUCERS = """
 """
 
 
+def later_producers_hookable():
+    from torch_ctxext import _extension
+
+    return _extension.load().later_producers_hookable
+
+
+needs_producer_hook = pytest.mark.skipif(
+    BACKPORT and not later_producers_hookable(),
+    reason="InputBuffer::add takes no consumer node before torch 2.10: the hook cannot be placed",
+)
+
+
+@needs_producer_hook
 def test_the_producer_hook_validates_later_producers_and_keeps_gradients_exact():
     out = run(
         FUSED_WITH_LATER_PRODUCERS
@@ -144,6 +159,7 @@ def test_the_producer_hook_validates_later_producers_and_keeps_gradients_exact()
     assert out.strip() == "[19.0, 19.0] [19.0, 19.0] True", out
 
 
+@needs_producer_hook
 def test_the_producer_hook_is_placed_at_the_first_exposure_where_later_producers_need_it():
     """TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS=always stands for a machine whose
     engine runs device threads (an accelerator is present)."""
@@ -168,3 +184,46 @@ def test_without_accelerators_no_hook_is_placed():
     """
     )
     assert out.strip() == "[19.0, 19.0] False", out
+
+
+@pytest.mark.skipif(
+    not BACKPORT or later_producers_hookable(),
+    reason="the producer hook can be placed on this torch (2.10 or later)",
+)
+def test_where_the_producer_hook_cannot_be_placed_slots_expecting_later_producers_stay_none():
+    """torch <= 2.9 in a process whose engine runs device threads (forced by
+    TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS=always): a buffer that later
+    producers will still reach is not exposed, and explain() says why; the
+    last producer's buffer is exposed; the gradients are exact."""
+    out = run(
+        """
+    import torch, torch_ctxext
+    from torch.autograd import Function
+    from torch_ctxext import _extension
+
+    codes = []
+
+    class Scale(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            codes.append(torch_ctxext.explain(ctx)[0].code)
+            (buffer,) = ctx.input_grad_buffers
+            if buffer is not None:
+                buffer.add_(g * 2)
+                return None
+            return g * 2
+
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    # Backward runs (x * 7), the second Scale, (x * 5), the first Scale:
+    # the second Scale's buffer still expects (x * 5) and the first Scale.
+    loss = Scale.apply(x).sum() + (x * 5).sum() + Scale.apply(x).sum() + (x * 7).sum()
+    loss.backward()
+    print(codes, x.grad.tolist(), _extension.load().producer_hook_placed())
+    """,
+        TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS="always",
+    )
+    assert out.strip() == "['later_producers_unvalidated', 'exposed'] [16.0, 16.0] False", out

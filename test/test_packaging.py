@@ -94,12 +94,12 @@ def test_an_unsupported_torch_is_refused_at_import_naming_the_supported_releases
     result = run_python(
         """
         import torch
-        torch.__version__ = "2.11.0"
+        torch.__version__ = "2.5.1"
         import torch_ctxext
         """
     )
     assert result.returncode != 0
-    assert "ImportError: torch_ctxext supports torch 2.12 to 2.15, but torch 2.11.0 is installed" in result.stderr
+    assert "ImportError: torch_ctxext supports torch 2.6 to 2.15, but torch 2.5.1 is installed" in result.stderr
 
 
 needs_extension = pytest.mark.skipif(

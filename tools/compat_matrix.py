@@ -1,9 +1,17 @@
 """The compatibility matrix (torch release x member -> provider), from
 ``python -m torch_ctxext check --json`` reports, never typed by hand.
 
-    python tools/compat_matrix.py REPORT.json...          rewrite docs/compatibility.md and the README table
-    python tools/compat_matrix.py --check REPORT.json...  exit 1 if either is out of date
+The matrix covers every supported release; its reports are kept in
+``docs/compat/check-<release>.json`` (written by ``bash tools/run.sh matrix``).
+CI checks a subset of the releases (``bash tools/run.sh test``): each of its
+reports must give the same column as the kept report of that release.
+
+    python tools/compat_matrix.py --store REPORT.json...  keep these reports, then regenerate
+    python tools/compat_matrix.py                         regenerate docs/compatibility.md and the README table
+    python tools/compat_matrix.py --check REPORT.json...  exit 1 if a report's column differs from the
+                                                          kept one, or the page or README is out of date
 """
+import glob
 import json
 import os
 import re
@@ -12,6 +20,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "compatibility.md")
 README = os.path.join(ROOT, "README.md")
+KEPT = os.path.join(ROOT, "docs", "compat")
 BEGIN, END = "<!-- compatibility matrix: begin -->", "<!-- compatibility matrix: end -->"
 
 
@@ -19,63 +28,153 @@ def release(version):
     return tuple(int(p) for p in version.split("+")[0].split(".")[:2])
 
 
+def label(report):
+    return report["torch"].split("+")[0]
+
+
+def column(report):
+    """{member: cell} and the verdict: what the matrix shows of one report."""
+    cells = {}
+    for member, info in report["members"].items():
+        provider = info["provider"].split(":")[0]
+        cell = "native" if provider == "native" else (
+            "**torch_ctxext**" if provider == "torch_ctxext" else provider)
+        if info["failed"]:
+            cell += f" ({info['failed']} failed)"
+        if info.get("upstream_deviations"):
+            cell += f" ({info['upstream_deviations']} dev.)"
+        cells[member] = cell
+    return cells, report["verdict"]
+
+
 def table(reports):
     reports = sorted(reports, key=lambda r: release(r["torch"]))
+    columns = [column(r) for r in reports]
     members = list(reports[0]["members"])
-    head = "| member | " + " | ".join(
-        f"{r['torch'].split('+')[0]}" for r in reports
-    ) + " |"
-    lines = [head, "|---|" + "---|" * len(reports)]
+    lines = ["| member | " + " | ".join(label(r) for r in reports) + " |",
+             "|---|" + "---|" * len(reports)]
     for m in members:
-        cells = []
-        for r in reports:
-            info = r["members"][m]
-            provider = info["provider"].split(":")[0]
-            mark = "native" if provider == "native" else (
-                "**torch_ctxext**" if provider == "torch_ctxext" else provider)
-            ok = "" if info["failed"] == 0 else f" ({info['failed']} failed)"
-            cells.append(mark + ok)
-        lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
-    verdicts = " | ".join(r["verdict"] for r in reports)
-    lines.append(f"| *verdict* | {verdicts} |")
+        lines.append(f"| `{m}` | " + " | ".join(cells[m] for cells, _ in columns) + " |")
+    lines.append("| *verdict* | " + " | ".join(v for _, v in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
-def render_page(matrix):
+def unavailable(reports):
+    """Lines naming each member a release cannot have, and why."""
+    lines = []
+    for r in sorted(reports, key=lambda r: release(r["torch"])):
+        for member, info in r["members"].items():
+            if info["provider"].startswith("unavailable"):
+                why = info["provider"].partition(":")[2].strip()
+                lines.append(f"* torch {label(r)}, `{member}`: {why}")
+    return lines
+
+
+def routes(reports):
+    """Per member torch_ctxext provides somewhere: its route, over the runs of
+    releases that share it."""
+    reports = sorted(reports, key=lambda r: release(r["torch"]))
+    lines = []
+    for member in reports[0]["members"]:
+        spans = []  # [first label, last label, route]
+        for r in reports:
+            info = r["members"][member]
+            route = info.get("route")
+            if not info["provider"].startswith("torch_ctxext") or not route:
+                continue
+            if spans and spans[-1][2] == route and spans[-1][3] == reports.index(r) - 1:
+                spans[-1][1], spans[-1][3] = label(r), reports.index(r)
+            else:
+                spans.append([label(r), label(r), route, reports.index(r)])
+        for first, last, route, _ in spans:
+            where = first if first == last else f"{first} to {last}"
+            lines.append(f"* `{member}`, torch {where}: {route}")
+    return lines
+
+
+def render_page(reports):
+    notes = unavailable(reports)
+    how = routes(reports)
     return (
         "# Compatibility matrix\n\n"
         "Who provides each member of the ctx contract on each supported torch\n"
         "release, and whether the conformance suite passed there. Generated by\n"
         "`python tools/compat_matrix.py` from the `python -m torch_ctxext check --json`\n"
-        "reports of CI's runs (`bash tools/run.sh test`); CI fails when this page is\n"
-        "out of date. Do not edit by hand.\n\n" + matrix
+        "reports of `bash tools/run.sh matrix` (kept in `docs/compat/`); CI checks\n"
+        "the columns of the releases it runs against them (`bash tools/run.sh test`).\n"
+        "Do not edit by hand.\n\n"
+        + table(reports)
+        + "\n\"(N dev.)\": N conformance tests of that member where native torch of that\n"
+        "release breaks the documented contract: they are run, and reported as\n"
+        "upstream deviations ([deviations](deviations.md)), not as failures of the\n"
+        "release.\n"
+        + ("\nUnavailable members:\n\n" + "\n".join(notes) + "\n" if notes else "")
+        + ("\nHow torch_ctxext provides each member (the engine route, per release;\n"
+           "`csrc/engine_layout.h` says why the routes differ):\n\n" + "\n".join(how) + "\n"
+           if how else "")
     )
 
 
-def render_readme(matrix):
+def render_readme(reports):
     text = open(README).read()
-    block = f"{BEGIN}\n{matrix}{END}"
-    return re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), block, text, flags=re.S)
+    block = f"{BEGIN}\n{table(reports)}{END}"
+    return re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+
+
+def kept_reports():
+    return {label(r): r for r in (json.load(open(p)) for p in sorted(glob.glob(os.path.join(KEPT, "check-*.json"))))}
+
+
+def store(reports):
+    os.makedirs(KEPT, exist_ok=True)
+    for r in reports:
+        with open(os.path.join(KEPT, f"check-{label(r)}.json"), "w") as f:
+            json.dump(r, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+
+def check(reports):
+    kept = kept_reports()
+    problems = []
+    for r in reports:
+        name = label(r)
+        if name not in kept:
+            problems.append(f"torch {name}: no kept report in docs/compat/ (run bash tools/run.sh matrix)")
+        elif column(r) != column(kept[name]):
+            problems.append(
+                f"torch {name}: this run gives {column(r)}, the matrix has {column(kept[name])} "
+                "(run bash tools/run.sh matrix, or python tools/compat_matrix.py --store on the new report)"
+            )
+    page, readme = render_page(list(kept.values())), render_readme(list(kept.values()))
+    for path, text in ((PAGE, page), (README, readme)):
+        if not os.path.exists(path) or open(path).read() != text:
+            problems.append(f"{path} is out of date: run python tools/compat_matrix.py")
+    for p in problems:
+        print(p)
+    if not problems:
+        print(f"columns of {', '.join(label(r) for r in reports)} agree with the matrix:")
+        print(table(list(kept.values())))
+    return 1 if problems else 0
 
 
 def main(argv):
-    check = "--check" in argv
-    paths = [a for a in argv if a != "--check"]
+    paths = [a for a in argv if not a.startswith("--")]
     reports = [json.load(open(p)) for p in paths]
-    matrix = table(reports)
-    page, readme = render_page(matrix), render_readme(matrix)
-    if check:
-        stale = [p for p, text in ((PAGE, page), (README, readme))
-                 if not os.path.exists(p) or open(p).read() != text]
-        for p in stale:
-            print(f"{p} is out of date: run python tools/compat_matrix.py on the check reports")
-        if not stale:
-            print(matrix)
-        return 1 if stale else 0
+    if "--check" in argv:
+        return check(reports)
+    if "--store" in argv:
+        store(reports)
+    elif reports:
+        print("give --store to keep these reports, or --check to compare them", file=sys.stderr)
+        return 2
+    kept = list(kept_reports().values())
+    if not kept:
+        print("no kept reports in docs/compat/", file=sys.stderr)
+        return 1
     with open(PAGE, "w") as f:
-        f.write(page)
+        f.write(render_page(kept))
     with open(README, "w") as f:
-        f.write(readme)
+        f.write(render_readme(kept))
     return 0
 
 

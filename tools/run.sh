@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine, then run one job:
 #
-#   bash tools/run.sh check   conformance report for the installed torch (main job)
-#   bash tools/run.sh test    every test, on torch 2.12, 2.13, 2.14 and 2.15 (what CI runs)
-#   bash tools/run.sh docs    build the documentation site (warnings are errors)
+#   bash tools/run.sh check           conformance report for the installed torch (main job)
+#   bash tools/run.sh test            every test, on the CI subset of releases (what CI runs)
+#   bash tools/run.sh matrix [--keep] every supported release, one at a time, and the
+#                                     compatibility matrix regenerated from their reports
+#   bash tools/run.sh docs            build the documentation site (warnings are errors)
 #
 # Virtual environments are cached outside the clone, in $TORCH_CTXEXT_CACHE
 # (default ~/.cache/torch_ctxext), one per torch release, so a second run
@@ -12,24 +14,41 @@
 # this machine has on local disk).
 set -euo pipefail
 shopt -s inherit_errexit  # a failing step inside $(...) stops the run too
-job=${1:?usage: bash tools/run.sh check|test}
+job=${1:?usage: bash tools/run.sh check|test|matrix [--keep]|docs}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TORCH_CTXEXT_CACHE:-$HOME/.cache/torch_ctxext}
 default_torch=${TORCH_CTXEXT_TORCH:-2.13.0}
-matrix=(2.12.1 2.13.0 2.14.1 2.15.0)
+main=2.13.0
 reference=2.15.0
+# Every supported release (the latest patch of each minor): `matrix`.
+releases=(2.6.0 2.7.1 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
+# What `test` runs besides $main: every code path of csrc/engine_layout.h.
+#   2.6.0   the oldest supported: old C++ ABI, at::isAccelerator, vmap's out_dims
+#   2.7.1   the newest without per-slot accumulation streams (boundary D)
+#   2.9.1   the newest whose engine casts every gradient (A, B, C)
+#   2.12.1  the newest with a weak ctx node and no native boxed grads
+#   2.15.0  everything native: the reference
+ci_releases=(2.6.0 2.7.1 2.9.1 2.12.1 2.15.0)
+oldest=${releases[0]}
 test_deps=(numpy pytest hypothesis expecttest ninja "setuptools>=70,<82" wheel)
 mkdir -p "$cache"
 out=$(mktemp -d /tmp/torch_ctxext-run.XXXXXX)
+
+pip_env() {  # pip_env VERSION -> the environment pip runs with for that release
+    # This machine's pip configuration caps torch at what lies on its disk
+    # (2.13.0); the other releases come from the package index itself.
+    # No cache: it would double the disk each release takes (5 to 7 GB).
+    if [ "$1" = 2.13.0 ]; then echo PIP_NO_CACHE_DIR=1; else echo PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1; fi
+}
 
 docs_venv() {  # torch 2.13.0 + torch_ctxext + the documentation tools
     local dir=$cache/venv-docs
     if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0'" 2>/dev/null; then
         rm -rf "$dir"
         python3 -m venv "$dir"
-        "$dir/bin/pip" install -q torch==2.13.0 >&2
+        env $(pip_env 2.13.0) "$dir/bin/pip" install -q torch==2.13.0 >&2
     fi
-    "$dir/bin/pip" install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
+    env $(pip_env 2.13.0) "$dir/bin/pip" install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
     "$dir/bin/pip" install -q --no-build-isolation --no-deps "$root" >&2
     echo "$dir"
 }
@@ -41,20 +60,67 @@ build_docs() {
     echo "docs built: $out/html/index.html"
 }
 
-venv_for() {  # venv_for VERSION -> path of a venv with that torch and torch_ctxext
+venv_create() {  # venv_create VERSION: a venv with that torch and the test tools
     local version=$1 dir=$cache/venv-$1
-    local pip_env=()
-    # This machine's pip configuration caps torch at what lies on its disk
-    # (2.13.0); the other releases come from the package index itself.
-    [ "$version" = 2.13.0 ] || pip_env=(PIP_CONFIG_FILE=/dev/null)
     if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$version'" 2>/dev/null; then
         rm -rf "$dir"
         python3 -m venv "$dir"
-        env "${pip_env[@]}" "$dir/bin/pip" install -q "torch==$version" >&2
+        env $(pip_env "$version") "$dir/bin/pip" install -q "torch==$version"
     fi
-    env "${pip_env[@]}" "$dir/bin/pip" install -q "${test_deps[@]}" >&2
+    env $(pip_env "$version") "$dir/bin/pip" install -q "${test_deps[@]}"
+}
+
+# Creating a venv is mostly download and unpacking, building torch_ctxext is
+# compiling: `test` creates the next releases' venvs in the background (one
+# at a time) while the foreground builds and tests.
+prefetched=()
+prefetch() {
+    prefetched=("$@")
+    (
+        for version in "$@"; do
+            if venv_create "$version" >"$out/venv-$version.log" 2>&1; then status=ok; else status=failed; fi
+            echo $status >"$out/venv-$version.done"
+        done
+    ) &
+    prefetch_pid=$!
+    trap 'stop_prefetch' EXIT
+}
+stop_prefetch() {
+    if [ -n "${prefetch_pid:-}" ] && kill -0 "$prefetch_pid" 2>/dev/null; then
+        pkill -TERM -P "$prefetch_pid" 2>/dev/null || true
+        kill "$prefetch_pid" 2>/dev/null || true
+    fi
+}
+
+venv_ready() {  # venv_ready VERSION: its venv exists (created here, or by prefetch)
+    local version=$1
+    if [[ " ${prefetched[*]} " == *" $version "* ]]; then
+        while [ ! -e "$out/venv-$version.done" ]; do sleep 5; done
+        if [ "$(cat "$out/venv-$version.done")" != ok ]; then
+            cat "$out/venv-$version.log" >&2
+            return 1
+        fi
+    else
+        venv_create "$version" >&2
+    fi
+}
+
+venv_for() {  # venv_for VERSION -> path of a venv with that torch and torch_ctxext installed
+    local version=$1 dir=$cache/venv-$1
+    venv_ready "$version"
     "$dir/bin/pip" install -q --no-build-isolation --no-deps "$root" >&2
     echo "$dir"
+}
+
+report() {  # report VERSION PYTHON [ENV...]: the conformance report, as JSON in $out
+    local version=$1 python=$2
+    shift 2
+    echo "== conformance report, torch $version"
+    # Where native torch breaks the contract, the report counts upstream
+    # deviations: the suite checks the contract, not us.
+    env "$@" "$python" -m torch_ctxext check --json "$out/check-$version.json" >"$out/check-$version.log" 2>&1 \
+        || { cat "$out/check-$version.log"; exit 1; }
+    sed -n '/^ctx contract conformance on torch/,$p' "$out/check-$version.log"
 }
 
 case $job in
@@ -67,39 +133,71 @@ check)
     ;;
 test)
     cd /tmp
-    main=$(venv_for 2.13.0)
-    echo "== tests of the plugin and the conformance suite, torch 2.13.0 + torch_ctxext"
-    "$main/bin/python" -m pytest -q -p no:cacheprovider -o addopts= \
+    start=$(date +%s)
+    prefetch "${ci_releases[@]}"
+    main_venv=$(venv_for $main)
+    echo "== tests of the plugin and the conformance suite, torch $main + torch_ctxext"
+    "$main_venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts= \
         --rootdir "$root" "$root/test" --pyargs torch_ctxext.conformance
     echo "== the suite reports each deliberately broken variant of the contract"
-    "$main/bin/python" "$root/tools/broken_variants/run.py"
-    for version in "${matrix[@]}"; do
+    "$main_venv/bin/python" "$root/tools/broken_variants/run.py"
+    report $main "$main_venv/bin/python"
+    for version in "${ci_releases[@]}"; do
+        if [ "$version" = "$reference" ]; then
+            # Everything is native: nothing of the extension is loaded, so
+            # the source tree runs as it is (no build).
+            venv_ready "$version"
+            ref_python=$cache/venv-$version/bin/python
+            report "$version" "$ref_python" PYTHONPATH="$root"
+            continue
+        fi
         venv=$(venv_for "$version")
-        echo "== conformance report, torch $version"
-        # On native 2.15 everything passes but the documented deviations,
-        # which the report marks: the suite checks the contract, not us.
-        "$venv/bin/python" -m torch_ctxext check --json "$out/check-$version.json" >"$out/check-$version.log" 2>&1 \
-            || { cat "$out/check-$version.log"; exit 1; }
-        tail -n 15 "$out/check-$version.log"
+        report "$version" "$venv/bin/python"
+        echo "== where the releases differ (test/test_release_boundaries.py), torch $version"
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts= \
+            --rootdir "$root" "$root/test/test_release_boundaries.py"
     done
     echo "== the compatibility matrix in the docs matches these reports"
-    "$main/bin/python" "$root/tools/compat_matrix.py" --check "$out"/check-*.json
-    echo "== differential check: the same scenarios on native $reference and on 2.13.0 + torch_ctxext"
+    python3 "$root/tools/compat_matrix.py" --check "$out"/check-*.json
     diff_dir=$root/tools/differential
-    "$cache/venv-$reference/bin/python" "$diff_dir/run.py" --out "$out/diff-ref.json" >/dev/null 2>&1
-    TORCH_CTXEXT_IMPORT=1 "$main/bin/python" "$diff_dir/run.py" --out "$out/diff-backport.json" >/dev/null 2>&1
-    "$main/bin/python" "$diff_dir/run.py" --compare "$out/diff-ref.json" "$out/diff-backport.json" \
-        --allow "$diff_dir/deviations.txt"
+    PYTHONPATH="$root" "$ref_python" "$diff_dir/run.py" --out "$out/diff-ref.json" >/dev/null 2>&1
+    for version in $main $oldest; do
+        echo "== differential check: the same scenarios on native $reference and on $version + torch_ctxext"
+        TORCH_CTXEXT_IMPORT=1 "$cache/venv-$version/bin/python" "$diff_dir/run.py" --out "$out/diff-$version.json" >/dev/null 2>&1
+        python3 "$diff_dir/run.py" --compare "$out/diff-ref.json" "$out/diff-$version.json" \
+            --allow "$diff_dir/deviations.txt" | tail -n 1
+    done
     echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile) and examples/, native $reference"
-    # Where fusion happens in each stack is pinned on 2.13.0 + torch_ctxext above;
+    # Where fusion happens in each stack is pinned on $main + torch_ctxext above;
     # native 2.15 is the reference behaviour, so the same tests must pass there.
-    "$cache/venv-$reference/bin/python" -m pytest -q -p no:cacheprovider -o addopts= \
+    PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
         --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py"
     echo "== documentation site (warnings are errors)"
     build_docs
+    echo "== test: $(( $(date +%s) - start )) s"
+    ;;
+matrix)
+    keep=false
+    [ "${2:-}" = --keep ] && keep=true
+    cd /tmp
+    start=$(date +%s)
+    for version in "${releases[@]}"; do
+        t0=$(date +%s)
+        existed=false
+        [ -x "$cache/venv-$version/bin/python" ] && existed=true
+        venv=$(venv_for "$version")
+        report "$version" "$venv/bin/python"
+        # A venv this run created goes unless --keep (5 to 7 GB each); one
+        # that was cached before stays.
+        if ! $keep && ! $existed; then rm -rf "$venv"; fi
+        echo "== torch $version: $(( $(date +%s) - t0 )) s"
+    done
+    python3 "$root/tools/compat_matrix.py" --store "$out"/check-*.json
+    echo "== compatibility matrix regenerated (docs/compatibility.md, README.md, docs/compat/)"
+    echo "== matrix: ${#releases[@]} releases in $(( $(date +%s) - start )) s"
     ;;
 *)
-    echo "unknown job: $job (check|test|docs)" >&2
+    echo "unknown job: $job (check|test|matrix|docs)" >&2
     exit 2
     ;;
 esac

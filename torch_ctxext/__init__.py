@@ -32,7 +32,12 @@ if any(_features.lacks(member) for member, _ in _INSTALLERS):
     _features.UNAVAILABLE.update(_layout_check.unavailable_members(_ext))
     for _member, _module in _INSTALLERS:
         if _features.lacks(_member) and _member not in _features.UNAVAILABLE:
-            importlib.import_module(_module, __name__).install(_ext)
+            _installer = importlib.import_module(_module, __name__)
+            _why = getattr(_installer, "unavailable_reason", lambda ext: None)(_ext)
+            if _why:
+                _features.UNAVAILABLE[_member] = _why
+            else:
+                _installer.install(_ext)
 
 from . import testing  # noqa: E402  (check_function, after the patches above)
 from ._explain import explain  # noqa: E402

@@ -14,7 +14,10 @@ def _info(_args):
     import torch_ctxext
     from torch_ctxext import _report
 
-    print(_report.info_table(torch_ctxext.features(), torch.__version__, _built_for()))
+    from torch_ctxext import _features
+
+    print(_report.info_table(torch_ctxext.features(), torch.__version__, _built_for(),
+                             _features.routes()))
     return 0
 
 
@@ -33,7 +36,7 @@ def _check(args):
     print(_report.format_report(report))
     if args.json:
         _report.write_json(report, args.json)
-    return 0 if report["verdict"] == "conforms" else 1
+    return 0 if report["conforms"] else 1
 
 
 def main(argv=None):

@@ -10,6 +10,7 @@ autograd refuse boxed Functions with torch 2.13's error.
 """
 import importlib.abc
 import importlib.util
+import inspect
 import sys
 
 import torch
@@ -89,17 +90,23 @@ def install(ext):
 COMPILED_AUTOGRAD_MODULE = "torch._dynamo.compiled_autograd"
 
 
-def _refuse_boxed(proxy_call_backward):
+def _check_not_boxed(ctx):
     """torch 2.13's check (compiled_autograd.py): compiled autograd calls the
     user's backward with bare grads, which a boxed backward cannot take."""
+    cls = ctx._forward_cls
+    if not hasattr(cls, "_aot_id") and getattr(cls, "boxed_grads_call", False):
+        raise RuntimeError(
+            f"boxed_grads_call=True on {cls.__name__} "
+            "is not supported with compiled autograd. "
+        )
+
+
+def _refuse_boxed(proxy_call_backward):
+    """At capture, where torch 2.13 checks: proxy_call_backward receives the
+    ctx (torch 2.7 on)."""
 
     def checked(self, inputs, output_metadatas, saved_tensors, backward_idx, ctx, *rest):
-        cls = ctx._forward_cls
-        if not hasattr(cls, "_aot_id") and getattr(cls, "boxed_grads_call", False):
-            raise RuntimeError(
-                f"boxed_grads_call=True on {cls.__name__} "
-                "is not supported with compiled autograd. "
-            )
+        _check_not_boxed(ctx)
         return proxy_call_backward(
             self, inputs, output_metadatas, saved_tensors, backward_idx, ctx, *rest
         )
@@ -108,10 +115,31 @@ def _refuse_boxed(proxy_call_backward):
     return checked
 
 
+def _refuse_boxed_when_keyed(compiled_autograd_key):
+    """torch 2.6's proxy_call_backward gets no ctx (only its index among the
+    captured graph's inputs). Compiled autograd asks each custom Function's
+    node for its cache key while capturing (PyNode::compiled_args calls
+    ``ctx._compiled_autograd_key()``, the real ctx): the check runs there,
+    before anything is traced, with the same error."""
+
+    def checked(self):
+        _check_not_boxed(self)
+        return compiled_autograd_key(self)
+
+    checked.__wrapped__ = compiled_autograd_key
+    checked.__name__ = compiled_autograd_key.__name__
+    return checked
+
+
 def _patch_compiled_autograd(module):
     compiler = module.AutogradCompilerInstance
-    if not hasattr(compiler.proxy_call_backward, "__wrapped__"):
-        compiler.proxy_call_backward = _refuse_boxed(compiler.proxy_call_backward)
+    if "ctx" in inspect.signature(compiler.proxy_call_backward).parameters:
+        if not hasattr(compiler.proxy_call_backward, "__wrapped__"):
+            compiler.proxy_call_backward = _refuse_boxed(compiler.proxy_call_backward)
+    elif not hasattr(BackwardCFunction._compiled_autograd_key, "__wrapped__"):
+        BackwardCFunction._compiled_autograd_key = _refuse_boxed_when_keyed(
+            BackwardCFunction._compiled_autograd_key
+        )
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

@@ -8,7 +8,7 @@ Two uses:
   counts, per Function class, how many entries were exposed and how many fell
   back, and why.
 
-The reasons come from the C++ extension (torch 2.13 and 2.14), which walks the
+The reasons come from the C++ extension (torch 2.6 to 2.14), which walks the
 engine's buffer slots with the same rule as the getter. On a torch that
 provides ``input_grad_buffers`` natively (2.15) the extension is not loaded:
 the reasons Python can see (not a tensor, does not require grad, not needed by
@@ -89,7 +89,13 @@ _TEXT = {
         "later producers cannot be validated",
         "None: producers that run later may use another engine thread or stream, "
         "and torch_ctxext could not place the engine hook that validates them on "
-        "this torch build",
+        "this torch build (it needs torch 2.10 or later)",
+    ),
+    "streams_unrecorded": (
+        "accelerator buffer, streams not recorded (torch < 2.8)",
+        "None: the gradient is on an accelerator, and before torch 2.8 the engine "
+        "records no accumulation stream per buffer slot, so direct accumulation "
+        "into it cannot be validated",
     ),
     "same_slot": (
         "same slot as argument {j}",
@@ -100,7 +106,7 @@ _TEXT = {
         "None (reason needs torch_ctxext's extension)",
         "None: no earlier producer, or the buffer is shared, not dense, a "
         "subclass, zero or nested tensor, or on another stream. torch_ctxext "
-        "tells which only with its C++ extension (torch 2.13/2.14); this torch "
+        "tells which only with its C++ extension (torch 2.6 to 2.14); this torch "
         "({version}) provides input_grad_buffers natively and the extension is "
         "not loaded",
     ),
@@ -359,7 +365,7 @@ def observe(callback, wants_reasons=False):
         if current is None:
             raise RuntimeError(
                 f"torch {torch.__version__} has no ctx.input_grad_buffers: import "
-                "torch_ctxext first (it provides it on torch 2.13 and 2.14)"
+                "torch_ctxext first (it provides it on torch 2.6 to 2.14)"
             )
         if not _observers:
             _original = current

@@ -15,7 +15,7 @@ MEMBERS = (
     "set_materialize_grads",
     "set_output_grad_dtype",
 )
-SUPPORTED_RANGE = ((2, 12), (2, 15))
+SUPPORTED_RANGE = ((2, 6), (2, 15))
 
 def torch_release(version=None):
     """(major, minor) of a torch version string such as '2.13.0+cpu'."""
@@ -35,8 +35,8 @@ def check_supported_torch():
 
 
 _NATIVE = {}
-# Members torch_ctxext replaced although torch had them (torch 2.12's
-# BackwardCFunction.apply, which cannot box grads).
+# Members torch_ctxext replaced although torch had them (BackwardCFunction.apply
+# of torch 2.6 to 2.12, which cannot box grads).
 PROVIDED = set()
 # Members torch_ctxext meant to provide but could not, with the reason.
 UNAVAILABLE = {}
@@ -87,3 +87,49 @@ def features():
                 "does not provide it on this release"
             )
     return result
+
+
+def routes():
+    """Say, for each member of the ctx contract, how the running torch gets it.
+
+    ``"native"``, or for a member torch_ctxext provides the engine route it
+    takes on this release (which differs by release: csrc/engine_layout.h),
+    or ``"unavailable"``. For ``python -m torch_ctxext info`` and the
+    compatibility notes; :func:`features` says who provides what.
+    """
+    status = features()
+    ext = _loaded_extension()
+    result = {}
+    for name in MEMBERS:
+        if status[name] == "native":
+            result[name] = "native"
+        elif status[name].startswith("unavailable"):
+            result[name] = "unavailable"
+        else:
+            result[name] = _route(name, ext)
+    return result
+
+
+def _loaded_extension():
+    import sys
+
+    return sys.modules.get("torch_ctxext._C")
+
+
+def _route(name, ext):
+    casts_every_gradient = getattr(ext, "engine_casts_every_gradient", False)
+    if name == "input_grad_buffers":
+        rule = "adjusted_use_count" if casts_every_gradient else "is_tensor_stealable"
+        route = f"GraphTask InputBuffer slots, in-place rule {rule}"
+        if not getattr(ext, "later_producers_hookable", True):
+            route += "; with accelerators, slots later producers still reach stay None"
+        if not getattr(ext, "slots_record_streams", True):
+            route += "; accelerator slots stay None"
+        return route
+    if name == "set_output_grad_dtype":
+        if casts_every_gradient:
+            return "InputMetadata options dtype; None via a validate_outputs hook"
+        return "InputMetadata grad_dtype"
+    if name in ("apply", "apply_boxed"):
+        return "PyNode::apply vtable slot, boxed grads to ctx.apply_boxed"
+    return "torch_ctxext"

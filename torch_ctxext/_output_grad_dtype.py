@@ -15,6 +15,7 @@ Where torch 2.15 breaks its own documented contract, this keeps the contract
 2. an undefined gradient materialized as zeros arrives in the declared dtype;
 3. calling it from ``backward`` raises instead of being ignored.
 """
+import sys
 import threading
 import weakref
 
@@ -128,7 +129,7 @@ def _apply_declarations(ctx, output):
     2.15; only the setting needs a graph."""
     dtypes = ctx.output_grad_dtypes
     outputs = output if isinstance(output, tuple) else (output,)
-    if _is_vmapped(ctx):
+    if _is_vmapped(ctx) and _vmapped_functions_return_out_dims():
         # torch.func.vmap runs a generated Function that returns the user's
         # outputs followed by their batch dims (autograd_function.py,
         # unpack_outputs): the declarations are about the outputs alone, which
@@ -208,6 +209,14 @@ def _is_vmapped(ctx):
     )
 
 
+def _vmapped_functions_return_out_dims():
+    """From torch 2.7 the generated Function returns ``(*outputs, out_dims)``;
+    torch 2.6's returns the outputs alone and hands out_dims over through a
+    closure (``get_out_dims``). Told apart by 2.7's ``unpack_outputs``."""
+    module = sys.modules.get("torch._functorch.autograd_function")
+    return module is not None and hasattr(module, "unpack_outputs")
+
+
 def _cast(grads, dtypes):
     return [
         g if (d is None or g is None or g.dtype == d) else g.to(d)
@@ -253,6 +262,20 @@ def _resolve(depth, output, ok):
     if ok:
         for ctx in mine:
             _apply_declarations(ctx, output)
+
+
+def unavailable_reason(ext):
+    """Why this member cannot be provided with ``ext`` on the running torch,
+    or None. Up to torch 2.9 a None declaration needs the engine hook of
+    csrc/output_grad_dtype.h; everything else works on every release."""
+    if getattr(ext, "engine_casts_every_gradient", False) and not ext.uncast_gradients_available():
+        return (
+            f"torch {torch.__version__} casts every gradient to the output's dtype "
+            "(validate_outputs, before torch 2.10), and libtorch_cpu makes no call "
+            "to validate_outputs that torch_ctxext can route around the cast, so "
+            "set_output_grad_dtype(None) could not be honoured"
+        )
+    return None
 
 
 def install(ext):

@@ -4,12 +4,13 @@ import os
 
 import torch
 
+from . import _features
 from ._features import MEMBERS
 
 SUITE = "torch_ctxext.conformance"
 
 
-def info_table(features, torch_version, built_for):
+def info_table(features, torch_version, built_for, routes=None):
     lines = [
         f"torch          {torch_version}",
         f"built for      {built_for}",
@@ -17,7 +18,11 @@ def info_table(features, torch_version, built_for):
         f"{'member':<26}provided by",
         f"{'-' * 25} {'-' * 40}",
     ]
-    lines += [f"{name:<26}{status}" for name, status in features.items()]
+    for name, status in features.items():
+        lines.append(f"{name:<26}{status}")
+        route = (routes or {}).get(name)
+        if route and route not in ("native", "unavailable"):
+            lines.append(f"{'':<26}  route: {route}")
     return "\n".join(lines)
 
 
@@ -58,17 +63,20 @@ def run_suite(select=None, extra_pytest_args=()):
     args += list(extra_pytest_args)
     exit_code = pytest.main(args, plugins=[collector])
     features = torch_ctxext.features()
+    routes = _features.routes()
     members = {}
     for name in MEMBERS:
         rows = [r for r in collector.results if r["member"] == name]
         members[name] = {
             "provider": features[name],
+            "route": routes[name],
             "passed": sum(r["outcome"] == "passed" for r in rows),
             "failed": sum(r["outcome"] == "failed" for r in rows),
             "skipped": sum(r["outcome"] in ("skipped", "xfailed") for r in rows),
             "upstream_deviations": sum(r["outcome"] == "deviation" for r in rows),
         }
     failed = [r["test"] for r in collector.results if r["outcome"] == "failed"]
+    deviations = [r["test"] for r in collector.results if r["outcome"] == "deviation"]
     ran = sum(m["passed"] + m["failed"] for m in members.values())
     untested = [n for n, m in members.items() if not select and m["passed"] + m["failed"] == 0]
     ok = not failed and not untested and ran > 0 and exit_code == pytest.ExitCode.OK
@@ -76,10 +84,22 @@ def run_suite(select=None, extra_pytest_args=()):
         "torch": torch.__version__,
         "members": members,
         "failed_tests": failed,
+        "upstream_deviation_tests": deviations,
         "untested_members": untested,
         "pytest_exit_code": int(exit_code),
-        "verdict": "conforms" if ok else "does not conform",
+        "conforms": ok,
+        "verdict": verdict(ok, len(deviations)),
     }
+
+
+def verdict(conforms, deviations):
+    """The one-line verdict: where native torch breaks the contract, the
+    report says how often rather than hiding it."""
+    if not conforms:
+        return "does not conform"
+    if deviations:
+        return f"conforms, {deviations} upstream deviation{'s' if deviations != 1 else ''}"
+    return "conforms"
 
 
 def format_report(report):
@@ -96,6 +116,8 @@ def format_report(report):
             f"{name:<25}{provider:<14}{m['passed']:>7}{m['failed']:>7}{m['skipped']:>8}"
             f"{m['upstream_deviations']:>21}"
         )
+    for test in report.get("upstream_deviation_tests", []):
+        lines.append(f"UPSTREAM DEVIATION {test}")
     for test in report["failed_tests"]:
         lines.append(f"FAILED {test}")
     for name in report["untested_members"]:

@@ -47,7 +47,7 @@ def main():
             with open(report_path) as f:
                 report = json.load(f)
             failed = report["members"][member]["failed"]
-            reported = report["verdict"] != "conforms" and failed > 0
+            reported = not report["conforms"] and failed > 0
             print(f"{name:<42}{member:<26}{failed:>13}  {report['verdict']}")
             if not reported:
                 unreported.append(name)

@@ -1,7 +1,7 @@
 """Run the differential scenarios or compare two result files.
 
     python run.py --out FILE.json [-k SUBSTRING]
-    python run.py --compare A.json B.json
+    python run.py --compare A.json B.json [--allow deviations.txt]
 
 With TORCH_CTXEXT_IMPORT=1 in the environment, ``import torch_ctxext`` is done
 before the scenarios run (to exercise the backport on older torch).
@@ -56,15 +56,31 @@ def run(out, k=None):
     return 0
 
 
-def load_allowed(path):
-    """Scenario names allowed to differ, one per line: NAME  # why."""
+def release(version):
+    """(major, minor) of a version string such as '2.9.1+cu128'."""
+    return tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+
+
+def load_allowed(path, torch_version=None):
+    """Scenario names allowed to differ, one per line: ``NAME  # why``, or
+    ``NAME  torch<=2.12  # why`` for a difference only up to that release of
+    the compared run (a native deviation of older releases). Entries for
+    other releases are left out when ``torch_version`` is given."""
     allowed = {}
     if path:
         with open(path) as f:
             for line in f:
-                name, _, why = line.partition("#")
-                if name.strip():
-                    allowed[name.strip()] = why.strip()
+                fields, _, why = line.partition("#")
+                fields = fields.split()
+                if not fields:
+                    continue
+                name, until = fields[0], None
+                for qualifier in fields[1:]:
+                    if not qualifier.startswith("torch<="):
+                        raise SystemExit(f"{path}: cannot read {qualifier!r} (expected torch<=X.Y)")
+                    until = release(qualifier[len("torch<="):])
+                if until is None or torch_version is None or release(torch_version) <= until:
+                    allowed[name] = why.strip()
     return allowed
 
 
@@ -107,7 +123,9 @@ def main():
     p.add_argument("--allow", help="file of scenario names allowed to differ")
     args = p.parse_args()
     if args.compare:
-        return compare(*args.compare, allowed=load_allowed(args.allow))
+        with open(args.compare[1]) as f:  # the run whose release the entries are about
+            torch_version = json.load(f).get("__meta__", {}).get("torch")
+        return compare(*args.compare, allowed=load_allowed(args.allow, torch_version))
     if not args.out:
         p.error("--out or --compare is required")
     return run(args.out, args.k)

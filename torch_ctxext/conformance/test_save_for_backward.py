@@ -210,6 +210,7 @@ def test_saved_tensors_gives_back_the_saved_tensors_in_backward(spec, n):
         assert got.dtype == dtype and got.shape == want.shape
 
 
+@pytest.mark.upstream_deviation("save_for_backward", "anomaly-hint", until=(2, 10))
 def test_save_for_backward_refuses_tensors_modified_in_place():
     """Before returning them to the user, a check is made to ensure they weren't used in any in-place operation that modified their content."""
 
