@@ -9,7 +9,7 @@ the engine already holds (``addmm_``, one kernel, no temporary) instead of
 returning a new ``D_out x D_in`` tensor for the engine to add.
 
 On torch 2.15 ``ctx.input_grad_buffers`` and ``ctx.set_output_grad_dtype``
-are native; on torch 2.12 to 2.14 ``import torch_ctxext`` provides them.
+are native; on torch 2.6 to 2.14 ``import torch_ctxext`` provides them.
 
 Three rules it follows (``docs/input_grad_buffers.md``):
 
@@ -40,7 +40,7 @@ them into the float32 buffers without a cast.
 import torch
 import torch.nn.functional as F
 
-try:  # torch 2.12 to 2.14: adds the ctx members this torch lacks
+try:  # torch 2.6 to 2.14: adds the ctx members this torch lacks
     import torch_ctxext  # noqa: F401
 except ImportError:  # torch 2.15 has them natively
     pass

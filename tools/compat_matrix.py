@@ -171,10 +171,11 @@ def main(argv):
     if not kept:
         print("no kept reports in docs/compat/", file=sys.stderr)
         return 1
+    page, readme = render_page(kept), render_readme(kept)  # before either is truncated
     with open(PAGE, "w") as f:
-        f.write(render_page(kept))
+        f.write(page)
     with open(README, "w") as f:
-        f.write(render_readme(kept))
+        f.write(readme)
     return 0
 
 

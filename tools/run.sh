@@ -3,18 +3,22 @@
 #
 #   bash tools/run.sh check           conformance report for the installed torch (main job)
 #   bash tools/run.sh test            every test, on the CI subset of releases (what CI runs)
-#   bash tools/run.sh matrix [--keep] every supported release, one at a time, and the
-#                                     compatibility matrix regenerated from their reports
+#   bash tools/run.sh matrix [--keep] [--bench]
+#                                     every supported release, one at a time, and the
+#                                     compatibility matrix regenerated from their reports;
+#                                     --bench also measures each release's idle and read
+#                                     cost into docs/benchmarks.json
 #   bash tools/run.sh docs            build the documentation site (warnings are errors)
 #
 # Virtual environments are cached outside the clone, in $TORCH_CTXEXT_CACHE
 # (default ~/.cache/torch_ctxext), one per torch release, so a second run
 # downloads nothing. torch_ctxext is built against each and installed into it.
 # TORCH_CTXEXT_TORCH picks the release for `check` (default 2.13.0, the one
-# this machine has on local disk).
+# this machine has on local disk); TORCH_CTXEXT_CI_RELEASES (space-separated)
+# replaces the subset `test` runs besides 2.13.0, to rerun a part of it.
 set -euo pipefail
 shopt -s inherit_errexit  # a failing step inside $(...) stops the run too
-job=${1:?usage: bash tools/run.sh check|test|matrix [--keep]|docs}
+job=${1:?usage: bash tools/run.sh check|test|matrix [--keep] [--bench]|docs}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TORCH_CTXEXT_CACHE:-$HOME/.cache/torch_ctxext}
 default_torch=${TORCH_CTXEXT_TORCH:-2.13.0}
@@ -29,6 +33,7 @@ releases=(2.6.0 2.7.1 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
 #   2.12.1  the newest with a weak ctx node and no native boxed grads
 #   2.15.0  everything native: the reference
 ci_releases=(2.6.0 2.7.1 2.9.1 2.12.1 2.15.0)
+if [ -n "${TORCH_CTXEXT_CI_RELEASES:-}" ]; then read -ra ci_releases <<<"$TORCH_CTXEXT_CI_RELEASES"; fi
 oldest=${releases[0]}
 test_deps=(numpy pytest hypothesis expecttest ninja "setuptools>=70,<82" wheel)
 mkdir -p "$cache"
@@ -46,10 +51,10 @@ docs_venv() {  # torch 2.13.0 + torch_ctxext + the documentation tools
     if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0'" 2>/dev/null; then
         rm -rf "$dir"
         python3 -m venv "$dir"
-        env $(pip_env 2.13.0) "$dir/bin/pip" install -q torch==2.13.0 >&2
+        env $(pip_env 2.13.0) "$dir/bin/python" -m pip install -q torch==2.13.0 >&2
     fi
-    env $(pip_env 2.13.0) "$dir/bin/pip" install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
-    "$dir/bin/pip" install -q --no-build-isolation --no-deps "$root" >&2
+    env $(pip_env 2.13.0) "$dir/bin/python" -m pip install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
+    "$dir/bin/python" -m pip install -q --no-build-isolation --no-deps "$root" >&2
     echo "$dir"
 }
 
@@ -65,9 +70,9 @@ venv_create() {  # venv_create VERSION: a venv with that torch and the test tool
     if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$version'" 2>/dev/null; then
         rm -rf "$dir"
         python3 -m venv "$dir"
-        env $(pip_env "$version") "$dir/bin/pip" install -q "torch==$version"
+        env $(pip_env "$version") "$dir/bin/python" -m pip install -q "torch==$version"
     fi
-    env $(pip_env "$version") "$dir/bin/pip" install -q "${test_deps[@]}"
+    env $(pip_env "$version") "$dir/bin/python" -m pip install -q "${test_deps[@]}"
 }
 
 # Creating a venv is mostly download and unpacking, building torch_ctxext is
@@ -108,7 +113,7 @@ venv_ready() {  # venv_ready VERSION: its venv exists (created here, or by prefe
 venv_for() {  # venv_for VERSION -> path of a venv with that torch and torch_ctxext installed
     local version=$1 dir=$cache/venv-$1
     venv_ready "$version"
-    "$dir/bin/pip" install -q --no-build-isolation --no-deps "$root" >&2
+    "$dir/bin/python" -m pip install -q --no-build-isolation --no-deps "$root" >&2
     echo "$dir"
 }
 
@@ -177,21 +182,52 @@ test)
     echo "== test: $(( $(date +%s) - start )) s"
     ;;
 matrix)
-    keep=false
-    [ "${2:-}" = --keep ] && keep=true
+    keep=false bench=false keep_reference=false
+    for option in "${@:2}"; do
+        case $option in
+        --keep) keep=true ;;
+        --bench) bench=true ;;
+        *) echo "unknown option for matrix: $option" >&2; exit 2 ;;
+        esac
+    done
     cd /tmp
     start=$(date +%s)
+    declare -A existed=()
+    for version in "${releases[@]}"; do
+        [ -x "$cache/venv-$version/bin/python" ] && existed[$version]=1
+    done
+    if $bench; then
+        # Reads are compared with native $reference, alive for the whole run
+        # (or the python TORCH_CTXEXT_BENCH_NATIVE names); the figures need
+        # matplotlib (the docs environment has it, or TORCH_CTXEXT_BENCH_PYTHON).
+        native_python=${TORCH_CTXEXT_BENCH_NATIVE:-}
+        if [ -z "$native_python" ]; then
+            venv_ready $reference
+            native_python=$cache/venv-$reference/bin/python
+            keep_reference=true
+        fi
+        bench_python=${TORCH_CTXEXT_BENCH_PYTHON:-$(docs_venv)/bin/python}
+    fi
     for version in "${releases[@]}"; do
         t0=$(date +%s)
-        existed=false
-        [ -x "$cache/venv-$version/bin/python" ] && existed=true
         venv=$(venv_for "$version")
+        t1=$(date +%s)
         report "$version" "$venv/bin/python"
+        t2=$(date +%s)
+        if $bench; then
+            "$bench_python" "$root/benchmarks/run_all.py" --from-json "$root/docs/benchmarks.json" \
+                --remeasure releases --other-releases "$venv/bin/python" \
+                --torch-2-15 "$native_python" >"$out/bench-$version.log" 2>&1 \
+                || { cat "$out/bench-$version.log"; exit 1; }
+        fi
         # A venv this run created goes unless --keep (5 to 7 GB each); one
-        # that was cached before stays.
-        if ! $keep && ! $existed; then rm -rf "$venv"; fi
-        echo "== torch $version: $(( $(date +%s) - t0 )) s"
+        # that was cached before stays. With --bench the reference goes last.
+        if ! $keep && [ -z "${existed[$version]:-}" ] && ! { $keep_reference && [ "$version" = $reference ]; }; then
+            rm -rf "$venv"
+        fi
+        echo "== torch $version: $(( $(date +%s) - t0 )) s (venv and build $(( t1 - t0 )) s, check $(( t2 - t1 )) s$($bench && echo ", benchmark $(( $(date +%s) - t2 )) s" || true))"
     done
+    if $keep_reference && ! $keep && [ -z "${existed[$reference]:-}" ]; then rm -rf "$cache/venv-$reference"; fi
     python3 "$root/tools/compat_matrix.py" --store "$out"/check-*.json
     echo "== compatibility matrix regenerated (docs/compatibility.md, README.md, docs/compat/)"
     echo "== matrix: ${#releases[@]} releases in $(( $(date +%s) - start )) s"
