@@ -160,9 +160,10 @@ constexpr const char* kValidateOutputsSymbol =
     "_ZN5torch8autograd16validate_outputsERKSt6vectorINS0_4EdgeESaIS2_EERS1_IN2at6TensorESaIS8_EERKSt8functionIFSsRKSsEE";
 #endif
 
-// The original: reached through this library's own PLT entry, which the
-// loader bound to libtorch_cpu's definition (never through the GOT entry we
-// replace, whose lazy-binding stub would put the real address back).
+// The original: its address as the loader resolved it for this library,
+// libtorch_cpu's definition itself (never the value of the GOT entry we
+// replace: before its first call that is the lazy-binding stub, which would
+// write the real address back over the wrapper).
 const ValidateOutputs original_validate_outputs = &torch::autograd::validate_outputs;
 
 struct Key {
