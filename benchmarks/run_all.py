@@ -1,8 +1,8 @@
 """Run every benchmark and regenerate the benchmarks page and its figures.
 
     python benchmarks/run_all.py --torch-2-15 PY215 [--out docs] [--quick]
-                                 [--torch-2-13 PY213] [--json FILE]
-    python benchmarks/run_all.py --from-json docs/benchmarks.json [--out docs]
+                                 [--torch-2-13 PY213] [--json FILE] [--install]
+    python benchmarks/run_all.py --from-json docs/benchmarks.json [--out docs] [--install]
 
 Measures with benchmarks/bench.py (worker processes alternated side by side,
 see its docstring), then writes
@@ -25,6 +25,10 @@ CI, under a minute) measures a smaller grid with fewer rounds and, unless
 --out is given, writes into a temporary directory rather than docs/.
 ``--from-json`` measures nothing and redraws the page and figures from the
 raw results of an earlier run (to change the presentation, not the numbers).
+``--install`` adds the install figures (benchmarks/bench_import.py: the first
+import, which builds the extension, and the import from the build cache;
+one build, 2 to 3 minutes on 2 cores); with ``--from-json`` it measures only
+those and keeps the rest of the earlier results.
 """
 import argparse
 import json
@@ -186,6 +190,15 @@ def verdicts(results):
             + ("exactly one gradient-sized temporary (D × D × 4 bytes) in every "
                "configuration, on both sides." if exact else
                f"{min(savings):.2f} to {max(savings):.2f} gradients (target: 1).")
+        )
+    if "install" in results:
+        r = results["install"]
+        lines.append(
+            f"* Installing from source: the first import builds the extension in "
+            f"{r['first_import_s']:.0f} s; later imports load it from the build cache in "
+            f"{r['cached_ms']:.1f} ms against {r['package_ms']:.1f} ms for a build shipped in "
+            f"the package (ratio {r['cached_over_package']['ratio']:.2f}, "
+            f"{r['cached_ms'] - r['package_ms']:+.1f} ms; `import torch` alone: {r['import_torch_s']:.1f} s)."
         )
     return "\n".join(lines)
 
@@ -361,6 +374,23 @@ def render_page(results, command):
             bench_boxed_memory.__doc__.split("\n\n", 2)[2].strip(),
             "",
         ]
+    if "install" in results:
+        import bench_import
+
+        r = results["install"]
+        lines += [
+            "## Installing: the first import and the next",
+            "",
+            f"Measured {r['date']} (load average {r['load_average'][0]:.2f} at the end), "
+            f"torch {r['torch']} (git {r['torch_git'][:12]}), by `benchmarks/bench_import.py` "
+            "on this checkout's sources; see [Installing](install.md) for what the first "
+            "import does.",
+            "",
+            bench_import.table(r),
+            "",
+            bench_import.__doc__.split("\n\n", 2)[2].split("\n\nrun_all.py")[0].strip(),
+            "",
+        ]
     lines += ["## How it is measured", "", METHOD]
     return "\n".join(lines)
 
@@ -400,6 +430,9 @@ def main(argv=None):
                         "with --quick a temporary directory)")
     parser.add_argument("--quick", action="store_true", help="smoke run for CI (under a minute)")
     parser.add_argument("--json", metavar="FILE", help="also write the raw results here")
+    parser.add_argument("--install", action="store_true",
+                        help="also measure the first import (a build) and the import from the "
+                        "build cache; with --from-json, measure only these")
     parser.add_argument(
         "--from-json", metavar="FILE",
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
@@ -410,17 +443,24 @@ def main(argv=None):
         os.path.join(tempfile.gettempdir(), "torch_ctxext-bench-quick")
         if args.quick else os.path.join(os.path.dirname(HERE), "docs")
     )
-    command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
-        " --torch-2-12 PYTHON_OF_TORCH_2.12" if args.torch_2_12 else ""
-    ) + (
-        " --other-releases PYTHONS_OF_2.12_2.14_2.15" if args.other_releases else ""
-    ) + (
-        " --quick" if args.quick else ""
-    )
+    def command_of(torch_2_12, other_releases, install, quick):
+        return "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
+            " --torch-2-12 PYTHON_OF_TORCH_2.12" if torch_2_12 else ""
+        ) + (
+            " --other-releases PYTHONS_OF_2.12_2.14_2.15" if other_releases else ""
+        ) + (
+            " --install" if install else ""
+        ) + (
+            " --quick" if quick else ""
+        )
+
+    command = command_of(args.torch_2_12, args.other_releases, args.install, args.quick)
     if args.from_json:
         with open(args.from_json) as f:
             results = json.load(f)
-        command += " --quick" if results["quick"] and not args.quick else ""
+        # The run that measured them, as far as its results tell.
+        command = command_of("boxed" in results, "idle_releases" in results,
+                             args.install or "install" in results, results["quick"] or args.quick)
     elif not args.torch_2_15:
         parser.error("--torch-2-15 is required (the native side of every comparison)")
     else:
@@ -430,6 +470,10 @@ def main(argv=None):
             results["idle_releases"] = bench.collect_idle_releases(args.other_releases, plan)
         if args.torch_2_12:
             results["boxed"] = boxed_memory([args.torch_2_12, args.torch_2_13 or sys.executable])
+    if args.install:
+        import bench_import
+
+        results["install"] = bench_import.collect(args.torch_2_13, rounds=5 if args.quick else 20)
     os.makedirs(os.path.join(out, IMG), exist_ok=True)
     plot_overhead(results, os.path.join(out, IMG, FIGURES["overhead"]), plt)
     plot_fused_time(results, os.path.join(out, IMG, FIGURES["time"]), plt)
@@ -437,8 +481,8 @@ def main(argv=None):
     with open(os.path.join(out, "benchmarks.md"), "w") as f:
         f.write(render_page(results, command))
     for path in filter(None, [os.path.join(out, "benchmarks.json"), args.json]):
-        if args.from_json and os.path.abspath(path) == os.path.abspath(args.from_json):
-            continue
+        if args.from_json and not args.install and os.path.abspath(path) == os.path.abspath(args.from_json):
+            continue  # nothing new was measured
         with open(path, "w") as f:
             json.dump(results, f, indent=1, sort_keys=True)
             f.write("\n")

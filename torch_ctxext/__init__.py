@@ -4,6 +4,12 @@
 members of the contract the running torch lacks, and nothing else: members
 torch provides natively stay untouched. :func:`features` says who provides
 what.
+
+The members it adds need its C++ extension, built for the running torch: at
+install where pip could see torch, else by the first import, once, into a
+cache (about a minute; ``python -m torch_ctxext info`` says which build is
+loaded). If no build can be made here, the import still succeeds, warns once
+saying why, and :func:`features` reports those members unavailable.
 """
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 
@@ -15,18 +21,38 @@ __version__ = "0.1.0"
 
 _features.check_supported_torch()
 _features.record_native()
-if not hasattr(FunctionCtx, "input_grad_buffers"):
-    from . import _extension, _input_grad_buffers
+# The members this torch lacks that torch_ctxext adds with its C++ extension.
+_missing = [
+    name
+    for owner, name in (
+        (FunctionCtx, "input_grad_buffers"),
+        (FunctionCtx, "set_output_grad_dtype"),
+        (BackwardCFunction, "apply_boxed"),
+    )
+    if not hasattr(owner, name)
+]
+if _missing:
+    from . import _extension
 
-    _input_grad_buffers.install(_extension.load())
-if not hasattr(FunctionCtx, "set_output_grad_dtype"):
-    from . import _extension, _output_grad_dtype
+    try:
+        _ext = _extension.load()
+    except _extension.ExtensionBuildError as error:
+        # No build for this torch, and none could be made here: the rest of
+        # the contract still works, and features() says why these do not.
+        _features.report_unavailable(_missing, error)
+    else:
+        if "input_grad_buffers" in _missing:
+            from . import _input_grad_buffers
 
-    _output_grad_dtype.install(_extension.load())
-if not hasattr(BackwardCFunction, "apply_boxed"):
-    from . import _boxed_grads, _extension
+            _input_grad_buffers.install(_ext)
+        if "set_output_grad_dtype" in _missing:
+            from . import _output_grad_dtype
 
-    _boxed_grads.install(_extension.load())
+            _output_grad_dtype.install(_ext)
+        if "apply_boxed" in _missing:
+            from . import _boxed_grads
+
+            _boxed_grads.install(_ext)
 
 from . import testing  # noqa: E402  (check_function, after the patches above)
 from ._explain import explain  # noqa: E402
