@@ -1,25 +1,29 @@
 """Installing: the first import, which builds the extension, and every import after it.
 
-    python benchmarks/bench_import.py [--rounds N] [--json FILE]
+    python benchmarks/bench_import.py [--rounds N] [--json FILE] [--python PY]
 
 Run it with the python of a torch that needs torch_ctxext's extension (2.12
-to 2.14); it measures this checkout's sources, in a temporary directory:
+to 2.14); it measures this checkout's sources, in a temporary directory.
+run_all.py adds its figures to docs/benchmarks.md with ``--install``.
 
-first   one process ``python -c "import torch_ctxext"`` on a sources-only copy
-        of the package (what ``pip install`` leaves when the build cannot see
-        torch) with an empty build cache: the build at first import, wall
-        clock, beside ``python -c "import torch"`` (median of 5 processes).
-cached  ``import torch_ctxext`` in a process that has already imported torch
-        (ms, perf_counter around the import), with the extension loaded from
-        the build cache vs shipped in the package (the same library, copied
-        into a second copy of the package with its _build_info.py, as
-        ``pip install --no-build-isolation`` installs it): what differs is
-        only how the build is found. The two alternate process by process,
-        round after round, rotating which goes first; the ratio is the median
-        of per-round ratios (10th to 90th percentile in parentheses), the ms
-        columns are medians over rounds.
+First import: one process ``python -c "import torch_ctxext"`` on a
+sources-only copy of the package (what ``pip install`` leaves when the build
+cannot see torch) with an empty build cache, wall clock: the build at first
+import. Beside it, ``python -c "import torch"`` (median of 5 processes).
 
-run_all.py adds these figures to docs/benchmarks.md with ``--install``.
+Later imports: ``import torch_ctxext`` in a process that has already imported
+torch (perf_counter around the import), with the extension loaded from the
+build cache vs shipped in the package (the same library, copied into a second
+copy of the package with its ``_build_info.py``, as ``pip install
+--no-build-isolation`` installs it), so that only how the build is found
+differs. The two alternate process by process, round after round, rotating
+which goes first; the ratio is the median of per-round ratios (10th to 90th
+percentile in parentheses), the times are medians over rounds and, least
+disturbed by other load, minima.
+
+Finding the build: in one process, the lookup alone, without loading (best of
+5 times 100 calls): in the cache (reading and hashing the files its name
+depends on) vs in the package.
 """
 import argparse
 import json
@@ -68,6 +72,15 @@ def _run(python, code, env):
     return time.monotonic() - start, result
 
 
+def _lookup_ms(python, function, env):
+    module, name = function.rsplit(".", 1)
+    code = (
+        f"import timeit, torch, torch_ctxext, {module} as m; "
+        f"assert m.{name}(); print(min(timeit.repeat(m.{name}, number=100, repeat=5)) / 100 * 1e3)"
+    )
+    return float(_run(python, code, env)[1].stdout)
+
+
 def collect(python=None, rounds=20):
     """Measure; return a JSON-able dict."""
     python = python or sys.executable
@@ -101,6 +114,10 @@ def collect(python=None, rounds=20):
                 assert origin == side, (origin, side)
                 per_round[side].append(float(seconds) * 1e3)
         ratios = [c / p for c, p in zip(per_round["cache"], per_round["package"])]
+        lookup = {
+            "cache": _lookup_ms(python, "torch_ctxext._build_cache.cached_library", sides["cache"]),
+            "package": _lookup_ms(python, "torch_ctxext._extension.packaged_build", sides["package"]),
+        }
         return {
             "torch": info[0],
             "torch_git": info[1],
@@ -113,6 +130,10 @@ def collect(python=None, rounds=20):
             "build_steps": sum(line.startswith("torch_ctxext: [") for line in result.stderr.splitlines()),
             "cached_ms": statistics.median(per_round["cache"]),
             "package_ms": statistics.median(per_round["package"]),
+            "cached_min_ms": min(per_round["cache"]),
+            "package_min_ms": min(per_round["package"]),
+            "lookup_cache_ms": lookup["cache"],
+            "lookup_package_ms": lookup["package"],
             "cached_over_package": bench.ratio_stats(ratios),
         }
     finally:
@@ -127,9 +148,10 @@ def table(r):
         "|---|---|",
         f"| `python -c \"import torch_ctxext\"`, first import: builds the extension into an empty cache ({r['build_steps'] - 1} files and a link) | {r['first_import_s']:.1f} s (of which the build {r['build_s']:.1f} s) |",
         f"| `python -c \"import torch\"`, for comparison | {r['import_torch_s']:.2f} s |",
-        f"| `import torch_ctxext` after `import torch`, extension from the build cache | {r['cached_ms']:.1f} ms |",
-        f"| `import torch_ctxext` after `import torch`, extension shipped in the package | {r['package_ms']:.1f} ms |",
+        f"| `import torch_ctxext` after `import torch`, extension from the build cache | {r['cached_ms']:.1f} ms (least disturbed {r['cached_min_ms']:.1f} ms) |",
+        f"| `import torch_ctxext` after `import torch`, extension shipped in the package | {r['package_ms']:.1f} ms (least disturbed {r['package_min_ms']:.1f} ms) |",
         f"| from the cache / from the package | {s['ratio']:.3f} ({s['p10']:.3f}–{s['p90']:.3f}), {r['cached_ms'] - r['package_ms']:+.1f} ms |",
+        f"| finding the build: in the cache / in the package | {r['lookup_cache_ms']:.2f} ms / {r['lookup_package_ms']:.3f} ms |",
     ])
 
 

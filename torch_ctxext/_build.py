@@ -25,7 +25,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 
@@ -39,7 +38,15 @@ REBUILD = "python -m torch_ctxext build --force"
 
 
 class ExtensionBuildError(ImportError):
-    """The C++ extension could not be built for the running torch."""
+    """The C++ extension could not be built for the running torch.
+
+    The message names what is missing (a compiler, the Python headers, ninja,
+    a writable cache) or the compiler's first error, and the build log.
+    ``import torch_ctxext`` does not raise it: it warns with the same message
+    (:class:`~torch_ctxext._features.ExtensionUnavailableWarning`) and reports
+    the members that need the extension unavailable; ``python -m torch_ctxext
+    build`` prints it and exits with 1.
+    """
 
 
 def jit_enabled():
@@ -60,6 +67,8 @@ def _compiler():
 def _ninja_dirs():
     """Where ninja may be besides PATH: this interpreter's scripts directory
     (a venv that is not activated) and the ninja wheel's own."""
+    import sysconfig  # here: not imported by torch, and only a build needs it
+
     dirs = [os.path.dirname(sys.executable), sysconfig.get_path("scripts")]
     try:
         import ninja
@@ -86,6 +95,8 @@ def missing_tools():
             "install one (e.g. `apt install g++`, `dnf install gcc-c++`, "
             "`conda install gxx`) or point $CXX at it"
         )
+    import sysconfig
+
     python_h = os.path.join(sysconfig.get_paths()["include"], "Python.h")
     if not os.path.isfile(python_h):
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -186,7 +197,7 @@ def _write_log_header(log, key, csrc, reason):
     with open(log, "w") as f:
         f.write(
             f"torch_ctxext build {key}\n"
-            f"started  {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
+            f"started  {_now()}\n"
             f"reason   {reason}\n"
             f"torch    {torch.__version__} (git {torch.version.git_version}) {torch.__file__}\n"
             f"python   {sys.executable} {sys.version.split()[0]}\n"
@@ -253,6 +264,52 @@ def _compile(partial, csrc, log):
         raise _failure(_first_error(log), log)
 
 
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _check_can_build(root, key, csrc, reason):
+    """Return the log path; raise ExtensionBuildError naming what is missing
+    (a writable cache, a compiler, Python headers, ninja) if a build cannot run."""
+    try:
+        os.makedirs(root, exist_ok=True)
+        open(os.path.join(root, key + ".lock"), "a").close()
+    except OSError as e:
+        log = os.path.join(tempfile.gettempdir(), f"torch_ctxext-{key}.log")
+        _write_log_header(log, key, csrc, reason)
+        raise _failure(
+            f"cannot write to the build cache {root} ({e.strerror}); set "
+            f"{_build_cache.ENV_CACHE} to a writable directory", log,
+        ) from None
+    log = os.path.join(root, key + ".log")
+    problems = missing_tools()
+    if problems:
+        _write_log_header(log, key, csrc, reason)
+        with open(log, "a") as f:
+            f.write("not built:\n" + "".join(f"  {p}\n" for p in problems))
+        raise _failure("; ".join(problems), log)
+    return log
+
+
+def _publish(partial, final, record):
+    """Make the complete build in ``partial`` visible as ``final`` at once."""
+    for name in os.listdir(partial):  # keep the library and the ninja file
+        if name not in (LIBRARY, "build.ninja"):
+            path = os.path.join(partial, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    with open(os.path.join(partial, RECORD), "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    os.chmod(partial, 0o755)  # mkdtemp's 0700 would hide it from a shared cache's other users
+    old = None
+    if os.path.isdir(final):  # --force over an existing build
+        old = tempfile.mkdtemp(prefix=os.path.basename(final) + ".old-", dir=os.path.dirname(final))
+        os.rename(final, os.path.join(old, "build"))
+    os.rename(partial, final)
+    if old:  # processes that loaded it keep their mapping
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def build(reason, force=False):
     """Return (path of the build for the running torch, whether this call
     built it): built now if the cache has none (or ``force``), else the one
@@ -271,95 +328,52 @@ def build(reason, force=False):
     library = os.path.join(final, LIBRARY)
     if os.path.isfile(library) and not force:
         return library, False
-    try:
-        os.makedirs(root, exist_ok=True)
-        log = os.path.join(root, key + ".log")
-        probe = os.path.join(root, key + ".lock")
-        open(probe, "a").close()
-    except OSError as e:
-        log = os.path.join(tempfile.gettempdir(), f"torch_ctxext-{key}.log")
-        _write_log_header(log, key, csrc, reason)
-        raise _failure(
-            f"cannot write to the build cache {root} ({e.strerror}); set {_build_cache.ENV_CACHE} "
-            "to a writable directory", log,
-        ) from None
-    problems = missing_tools()
-    if problems:
-        _write_log_header(log, key, csrc, reason)
-        with open(log, "a") as f:
-            f.write("not built:\n" + "".join(f"  {p}\n" for p in problems))
-        raise _failure("; ".join(problems), log)
-
+    log = _check_can_build(root, key, csrc, reason)
+    lock = os.path.join(root, key + ".lock")
     failed = os.path.join(root, key + ".failed")
 
     def waiting():
-        _say(
-            f"waiting for another process that is building the extension for torch "
-            f"{torch.__version__} (lock {probe})"
-        )
+        _say(f"waiting for another process that is building the extension for torch {torch.__version__} (lock {lock})")
 
-    with _locked(probe, waiting):
+    with _locked(lock, waiting):
         if os.path.isfile(library) and not force:
             return library, False  # built by the process we waited for
         if os.path.isfile(failed) and not force:
             with open(failed) as f:
                 recorded = json.load(f)
-            raise ExtensionBuildError(
-                recorded["message"] + f" (recorded at {recorded['when']}; `{REBUILD}` tries again)"
-            )
+            raise ExtensionBuildError(f"{recorded['message']} (recorded at {recorded['when']}; `{REBUILD}` tries again)")
         for stale in os.listdir(root):  # remains of builds killed half-way
-            if stale.startswith(key + ".partial-") or stale.startswith(key + ".old-"):
+            if stale.startswith((key + ".partial-", key + ".old-")):
                 shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
-        partial = tempfile.mkdtemp(prefix=key + ".partial-", dir=root)
         _write_log_header(log, key, csrc, reason)
-        git = (torch.version.git_version or "unknown")[:12]
         _say(
-            f"building its C++ extension for torch {torch.__version__} (git {git}): "
-            f"{reason}. About a minute, once; later imports load it from {root}. Log: {log}"
+            f"building its C++ extension for torch {torch.__version__} "
+            f"(git {(torch.version.git_version or 'unknown')[:12]}): {reason}. "
+            f"About a minute, once; later imports load it from {root}. Log: {log}"
         )
+        partial = tempfile.mkdtemp(prefix=key + ".partial-", dir=root)
         start = time.monotonic()
         try:
             _compile(partial, csrc, log)
-        except ExtensionBuildError as e:
+        except BaseException as e:
             shutil.rmtree(partial, ignore_errors=True)
-            when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            with open(failed + ".tmp", "w") as f:
-                json.dump({"message": str(e), "when": when, "log": log}, f)
-            os.replace(failed + ".tmp", failed)
-            raise
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
+            if isinstance(e, ExtensionBuildError):  # recorded for the waiting and the later
+                with open(failed + ".tmp", "w") as f:
+                    json.dump({"message": str(e), "when": _now(), "log": log}, f)
+                os.replace(failed + ".tmp", failed)
             raise
         seconds = time.monotonic() - start
-        for name in os.listdir(partial):  # keep the library and the ninja file
-            if name not in (LIBRARY, "build.ninja"):
-                path = os.path.join(partial, name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-        with open(os.path.join(partial, RECORD), "w") as f:
-            json.dump(
-                {
-                    "torch": torch.__version__,
-                    "torch_git": torch.version.git_version,
-                    "python": sys.implementation.cache_tag,
-                    "fingerprint": _build_cache.fingerprint(csrc),
-                    "sources": [os.path.basename(s) for s in _sources.sources(csrc)],
-                    "csrc": csrc,
-                    "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "seconds": round(seconds, 1),
-                    "log": log,
-                },
-                f, indent=1,
-            )
-            f.write("\n")
-        os.chmod(partial, 0o755)  # mkdtemp's 0700 would hide it from a shared cache's other users
-        # Publish: one rename makes the complete build visible at once.
-        old = None
-        if os.path.isdir(final):  # --force over an existing build
-            old = tempfile.mkdtemp(prefix=key + ".old-", dir=root)
-            os.rename(final, os.path.join(old, "build"))
-        os.rename(partial, final)
-        if old:  # processes that loaded it keep their mapping
-            shutil.rmtree(old, ignore_errors=True)
+        _publish(partial, final, {
+            "torch": torch.__version__,
+            "torch_git": torch.version.git_version,
+            "python": sys.implementation.cache_tag,
+            "fingerprint": _build_cache.fingerprint(csrc),
+            "sources": [os.path.basename(s) for s in _sources.sources(csrc)],
+            "csrc": csrc,
+            "built_at": _now(),
+            "seconds": round(seconds, 1),
+            "log": log,
+        })
         with contextlib.suppress(FileNotFoundError):
             os.remove(failed)
         _say(f"built in {seconds:.0f} s: {library}")

@@ -48,18 +48,22 @@ def torch_include_dirs():
 
 def _layout_headers(source_files):
     """The torch headers the extension includes directly, and torch's build
-    configuration: the files the layouts it reads are declared in."""
-    dirs = torch_include_dirs()
-    found = {os.path.join(dirs[0], "c10", "macros", "cmake_macros.h")}
+    configuration: the files the layouts it reads are declared in (relative
+    to torch's include directory, and their paths)."""
+    names = set()
     for path in source_files:
         with open(path, "rb") as f:
-            for name in _INCLUDE.findall(f.read()):
-                for d in dirs:
-                    candidate = os.path.join(d, name.decode())
-                    if os.path.isfile(candidate):
-                        found.add(candidate)
-                        break
-    return sorted(p for p in found if os.path.isfile(p))
+            names.update(n.decode() for n in _INCLUDE.findall(f.read()) if b"/" in n)  # not <vector>
+    names.add("c10/macros/cmake_macros.h")
+    include, api = torch_include_dirs()
+    found = {}
+    for name in sorted(names):
+        for d in (include, api):
+            candidate = os.path.join(d, name)
+            if os.path.isfile(candidate):
+                found[candidate[len(include) + 1:]] = candidate
+                break
+    return found
 
 
 def fingerprint(csrc):
@@ -68,14 +72,12 @@ def fingerprint(csrc):
     Python ABI and the machine."""
     own = _sources.sources(csrc) + _sources.headers(csrc)
     digest = hashlib.sha256()
-    for path in _layout_headers(own):
-        digest.update(b"torch-header\0" + os.path.relpath(path, torch_include_dirs()[0]).encode() + b"\0")
+    for name, path in sorted(_layout_headers(own).items()):
         with open(path, "rb") as f:
-            digest.update(f.read())
+            digest.update(b"torch-header\0%s\0%s" % (name.encode(), f.read()))
     for path in own:
-        digest.update(b"source\0" + os.path.basename(path).encode() + b"\0")
         with open(path, "rb") as f:
-            digest.update(f.read())
+            digest.update(b"source\0%s\0%s" % (os.path.basename(path).encode(), f.read()))
     flags = _sources.jit_cflags(torch.__version__, torch.version.git_version) + _sources.extra_link_args()
     digest.update(json.dumps([flags, sys.implementation.cache_tag, platform.machine()]).encode())
     return digest.hexdigest()
