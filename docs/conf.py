@@ -18,8 +18,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if importlib.util.find_spec("torch_ctxext") is None:
     sys.path.append(ROOT)
 
+import warnings  # noqa: E402
+
 import pytorch_sphinx_theme2  # noqa: E402
-import torch_ctxext  # noqa: E402  (fails loudly if the extension does not load)
+
+with warnings.catch_warnings():
+    # No extension, no documentation of what it adds: fail loudly.
+    warnings.filterwarnings("error", message="torch_ctxext could not build")
+    import torch_ctxext  # noqa: E402
 
 project = "torch_ctxext"
 author = "torch_ctxext contributors"
