@@ -56,8 +56,13 @@ def define_macros(torch_version, torch_git_version):
 
 def extra_compile_args():
     """Compiler flags beyond torch's own; $TORCH_CTXEXT_EXTRA_CFLAGS adds to
-    them (tools/sanitizers.sh builds with -fsanitize=...)."""
-    return ["-O2", "-Wno-invalid-offsetof"] + os.environ.get("TORCH_CTXEXT_EXTRA_CFLAGS", "").split()
+    them (tools/sanitizers.sh builds with -fsanitize=...).
+
+    -DNDEBUG: torch's release builds define it, and setuptools passes it to
+    the install-time build (from Python's own flags) but
+    torch.utils.cpp_extension.load does not: named here, both builds compile
+    the same code against torch's headers."""
+    return ["-O2", "-DNDEBUG", "-Wno-invalid-offsetof"] + os.environ.get("TORCH_CTXEXT_EXTRA_CFLAGS", "").split()
 
 
 def extra_link_args():
