@@ -7,7 +7,10 @@
 #
 # Virtual environments are cached outside the clone, in $TORCH_CTXEXT_CACHE
 # (default ~/.cache/torch_ctxext), one per torch release, so a second run
-# downloads nothing. torch_ctxext is built against each and installed into it.
+# downloads nothing. torch_ctxext is installed into each from source, and its
+# first import there builds the extension for that torch into
+# $TORCH_CTXEXT_CACHE/builds, as a user's would: venvs with the same torch
+# share one build, and a second run with the same sources builds nothing.
 # TORCH_CTXEXT_TORCH picks the release for `check` (default 2.13.0, the one
 # this machine has on local disk).
 set -euo pipefail
@@ -20,7 +23,12 @@ matrix=(2.12.1 2.13.0 2.14.1 2.15.0)
 reference=2.15.0
 test_deps=(numpy pytest hypothesis expecttest ninja "setuptools>=70,<82" wheel)
 mkdir -p "$cache"
+export TORCH_CTXEXT_CACHE=$cache  # the venvs' builds go to $cache/builds
 out=$(mktemp -d /tmp/torch_ctxext-run.XXXXXX)
+
+install_torch_ctxext() {  # install_torch_ctxext VENV: the sources; the first import builds
+    TORCH_CTXEXT_BUILD_EXT=0 "$1/bin/pip" install -q --no-build-isolation --no-deps "$root" >&2
+}
 
 docs_venv() {  # torch 2.13.0 + torch_ctxext + the documentation tools
     local dir=$cache/venv-docs
@@ -30,7 +38,7 @@ docs_venv() {  # torch 2.13.0 + torch_ctxext + the documentation tools
         "$dir/bin/pip" install -q torch==2.13.0 >&2
     fi
     "$dir/bin/pip" install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
-    "$dir/bin/pip" install -q --no-build-isolation --no-deps "$root" >&2
+    install_torch_ctxext "$dir"
     echo "$dir"
 }
 
@@ -53,7 +61,7 @@ venv_for() {  # venv_for VERSION -> path of a venv with that torch and torch_ctx
         env "${pip_env[@]}" "$dir/bin/pip" install -q "torch==$version" >&2
     fi
     env "${pip_env[@]}" "$dir/bin/pip" install -q "${test_deps[@]}" >&2
-    "$dir/bin/pip" install -q --no-build-isolation --no-deps "$root" >&2
+    install_torch_ctxext "$dir"
     echo "$dir"
 }
 

@@ -1,4 +1,6 @@
 """Which member of the ctx contract the running torch provides, and how."""
+import warnings
+
 import torch
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 
@@ -40,6 +42,19 @@ _NATIVE = {}
 PROVIDED = set()
 # Members torch_ctxext meant to provide but could not, with the reason.
 UNAVAILABLE = {}
+
+
+class ExtensionUnavailableWarning(UserWarning):
+    """torch_ctxext has no C++ extension for the running torch: the members
+    that need it are unavailable (features() says which, and why)."""
+
+
+def report_unavailable(members, error):
+    """Record that ``members`` cannot be provided because of ``error``, and
+    say so once."""
+    for name in members:
+        UNAVAILABLE[name] = str(error)
+    warnings.warn(str(error), ExtensionUnavailableWarning, stacklevel=3)
 
 
 def record_native():
