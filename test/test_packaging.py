@@ -239,25 +239,42 @@ def test_a_torch_whose_ctx_size_differs_from_the_headers_gets_no_backported_memb
     """An import against a torch whose THPFunction is laid out otherwise:
     every backported member is reported unavailable, nothing is patched, and
     the package still imports."""
-    # The probe reads sizeof(THPFunction) through the extension: make its
-    # answer differ from torch's as the extension is loaded.
+    # The probe reads sizeof(THPFunction) through the extension: when the
+    # layout check is imported, give it an extension whose answer differs
+    # from torch's.
     result = run_python(
         """
-        import builtins, torch
-        real_import = builtins.__import__
-        def doctored(name, globals=None, locals=None, fromlist=(), level=0):
-            module = real_import(name, globals, locals, fromlist, level)
-            if fromlist and "_C" in fromlist and getattr(module, "__name__", "") == "torch_ctxext":
-                real = module._C.read_ctx_layout
-                def read(ctx):
-                    facts = real(ctx)
-                    facts["ctx_size"] += 8
-                    return facts
-                module._C.read_ctx_layout = read
-            return module
-        builtins.__import__ = doctored
+        import importlib.abc, importlib.util, sys
+
+        class Doctor(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name != "torch_ctxext._layout_check":
+                    return None
+                sys.meta_path.remove(self)
+                spec = importlib.util.find_spec(name)
+                run = spec.loader.exec_module
+
+                def exec_module(module):
+                    run(module)
+                    real = module._mismatches
+
+                    class OffBy8:
+                        def __init__(self, ext):
+                            self.ext = ext
+                        def __getattr__(self, name):
+                            return getattr(self.ext, name)
+                        def read_ctx_layout(self, ctx):
+                            facts = self.ext.read_ctx_layout(ctx)
+                            facts["ctx_size"] += 8
+                            return facts
+
+                    module._mismatches = lambda ext: real(OffBy8(ext))
+
+                spec.loader.exec_module = exec_module
+                return spec
+
+        sys.meta_path.insert(0, Doctor())
         import torch_ctxext
-        builtins.__import__ = real_import
         from torch.autograd.function import FunctionCtx
         features = torch_ctxext.features()
         provided = [m for m, s in features.items() if s == "torch_ctxext"]
