@@ -17,6 +17,17 @@ MEMBERS = (
     "set_materialize_grads",
     "set_output_grad_dtype",
 )
+def member_of_test_module(filename):
+    """The member a conformance test module checks: test_<member>.py, or
+    test_<member>_<concern>.py for a member whose tests are split by concern
+    (tools/contract_table.py reads the suite the same way)."""
+    name = filename[len("test_") : -len(".py")]
+    for member in sorted(MEMBERS, key=len, reverse=True):
+        if name == member or name.startswith(member + "_"):
+            return member
+    return name
+
+
 SUPPORTED_RANGE = ((2, 12), (2, 15))
 
 def torch_release(version=None):

@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from ._features import MEMBERS
+from ._features import MEMBERS, member_of_test_module
 
 SUITE = "torch_ctxext.conformance"
 
@@ -59,7 +59,7 @@ class _Collector:
     def pytest_runtest_logreport(self, report):
         if report.when == "call" or (report.when == "setup" and not report.passed):
             module = os.path.basename(report.nodeid.split("::")[0])
-            member = module[len("test_") : -len(".py")]
+            member = member_of_test_module(module)
             deviation = bool(getattr(report, "wasxfail", "")) and (
                 "known upstream deviation" in report.wasxfail
             )
