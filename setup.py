@@ -1,67 +1,153 @@
-"""Build torch_ctxext against the torch that is installed.
+"""Install torch_ctxext; compile its C++ extension where torch is importable.
 
-The C++ extension reads autograd-engine structures by their layout, so it is
-compiled against the headers of the running torch and records which torch that
-was (``torch_ctxext/_build_info.py``); ``import torch_ctxext`` refuses to load
-it against any other build. Install with ``pip install --no-build-isolation .``
-so that the build sees your torch rather than a fresh one pip would fetch.
+The extension reads autograd-engine structures by layout, so it is compiled
+against the very torch it runs with. Which build happens depends on whether
+that torch is importable here:
+
+* it is (``pip install --no-build-isolation .``, ``pip wheel
+  --no-build-isolation .``, ``python -m build --wheel --no-isolation``): the
+  extension is compiled now, and the wheel declares the exact torch it was
+  built for, as its requirement (``torch==2.13.0+cpu``) and, built from a
+  checkout, in a local version tag (``0.1.0+torch2.13.0.cpu``), like the
+  per-torch wheels of other extensions;
+* it is not (pip's default build isolation, where it would have to download a
+  torch of its own, never the one you run): the Python sources and csrc/ are
+  installed, and the first import builds the extension for the running torch
+  into a cache (torch_ctxext/_build.py).
+
+$TORCH_CTXEXT_BUILD_EXT overrides the choice: ``1`` compiles or fails, ``0``
+installs the sources only. Either way the package ships csrc/, so that a later
+torch can have its build at first import.
 """
+import importlib.util
 import os
+import re
 import sys
 
 from setuptools import find_packages, setup
-
-try:
-    import torch
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
-except ImportError:
-    sys.exit(
-        "torch_ctxext: install torch first (pip install torch), then rerun "
-        "with --no-build-isolation so the extension is built against it."
-    )
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+VERSION = "0.1.0"
 SUPPORTED = ">=2.6,<2.16"
+SUPPORTED_RANGE = ((2, 6), (2, 15))
 
-def write_build_info():
-    path = os.path.join(HERE, "torch_ctxext", "_build_info.py")
-    text = (
-        "# Written by setup.py: the torch this copy of torch_ctxext was built for.\n"
-        f"TORCH_VERSION = {torch.__version__!r}\n"
-        f"TORCH_GIT_VERSION = {torch.version.git_version!r}\n"
+
+def _load_sources_module():
+    """torch_ctxext/_sources.py, without importing the package (which needs
+    torch and the extension)."""
+    path = os.path.join(HERE, "torch_ctxext", "_sources.py")
+    spec = importlib.util.spec_from_file_location("_torch_ctxext_sources", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_sources = _load_sources_module()
+
+
+def _notice(message):
+    print(f"torch_ctxext: {message}", file=sys.stderr)
+
+
+def torch_to_build_against():
+    """The torch to compile against here, or None to install the sources only."""
+    mode = os.environ.get("TORCH_CTXEXT_BUILD_EXT", "auto").strip().lower()
+    if mode == "0" or "sdist" in sys.argv:  # a source distribution is for any torch
+        return None
+    try:
+        import torch
+    except ImportError:
+        if mode == "1":
+            sys.exit(
+                "torch_ctxext: TORCH_CTXEXT_BUILD_EXT=1 but torch is not importable "
+                "here: install torch first, then build with --no-build-isolation "
+                "(pip) or --no-isolation (python -m build) so the build sees it."
+            )
+        _notice(
+            "torch is not importable in this build environment (pip's build "
+            "isolation?): installing the sources only; the C++ extension is "
+            "built for the running torch at first import."
+        )
+        return None
+    release = tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])
+    if not SUPPORTED_RANGE[0] <= release <= SUPPORTED_RANGE[1]:
+        if mode == "1":
+            sys.exit(f"torch_ctxext: torch {torch.__version__} is not supported (torch{SUPPORTED}).")
+        _notice(f"torch {torch.__version__} is not supported (torch{SUPPORTED}): installing the sources only.")
+        return None
+    return torch
+
+
+def local_version_label(torch_version):
+    """'2.13.0+cpu' -> 'torch2.13.0.cpu' (a PEP 440 local version label)."""
+    return "torch" + re.sub(r"[^A-Za-z0-9.]+", ".", torch_version).strip(".")
+
+
+class BuildPyWithSources(build_py):
+    """Ship csrc/ inside the package (torch_ctxext/csrc/), for builds at first
+    import; never ship a _build_info.py left in the source tree by an in-place
+    build (build_ext writes the one that belongs to the build it makes)."""
+
+    def find_package_modules(self, package, package_dir):
+        modules = super().find_package_modules(package, package_dir)
+        return [m for m in modules if (m[0], m[1]) != ("torch_ctxext", "_build_info")]
+
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, "torch_ctxext", "csrc")
+        self.mkpath(target)
+        csrc = os.path.join(HERE, "csrc")
+        for path in _sources.sources(csrc) + _sources.headers(csrc):
+            self.copy_file(path, os.path.join(target, os.path.basename(path)))
+
+
+def extension_build(torch):
+    """ext_modules and the build_ext command for compiling against ``torch``."""
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    class BuildExtRecordingTorch(BuildExtension.with_options(use_ninja=True)):
+        """Also write _build_info.py beside the extension: the torch it was
+        built for, read by ``import torch_ctxext`` before loading it."""
+
+        def run(self):
+            super().run()
+            for ext in self.extensions:
+                directory = os.path.dirname(self.get_ext_fullpath(ext.name))
+                with open(os.path.join(directory, "_build_info.py"), "w") as f:
+                    f.write(
+                        "# Written by setup.py: the torch this build of torch_ctxext._C is for.\n"
+                        f"TORCH_VERSION = {torch.__version__!r}\n"
+                        f"TORCH_GIT_VERSION = {torch.version.git_version!r}\n"
+                    )
+
+    ext = CppExtension(
+        name="torch_ctxext._C",
+        sources=[os.path.relpath(p, HERE) for p in _sources.sources(os.path.join(HERE, "csrc"))],
+        define_macros=_sources.define_macros(torch.__version__, torch.version.git_version),
+        extra_compile_args=_sources.extra_compile_args(),
+        extra_link_args=_sources.extra_link_args(),
     )
-    with open(path, "w") as f:
-        f.write(text)
+    return [ext], BuildExtRecordingTorch
 
 
-write_build_info()
-
-def c_string(value):
-    return '"' + value.replace('"', "") + '"'
-
-ext = CppExtension(
-    name="torch_ctxext._C",
-    sources=[
-        "csrc/module.cpp",
-        "csrc/engine_layout.cpp",
-        "csrc/input_grad_buffers.cpp",
-        "csrc/output_grad_dtype.cpp",
-        "csrc/boxed_grads.cpp",
-        "csrc/direct_accumulation.cpp",
-        "csrc/patching.cpp",
-    ],
-    define_macros=[
-        ("TORCH_CTXEXT_BUILT_FOR_TORCH", c_string(torch.__version__)),
-        ("TORCH_CTXEXT_BUILT_FOR_GIT", c_string(torch.version.git_version)),
-    ],
-    extra_compile_args=["-O2", "-Wno-invalid-offsetof"]
-    + os.environ.get("TORCH_CTXEXT_EXTRA_CFLAGS", "").split(),
-    extra_link_args=os.environ.get("TORCH_CTXEXT_EXTRA_LDFLAGS", "").split(),
-)
+torch = torch_to_build_against()
+cmdclass = {"build_py": BuildPyWithSources}
+if torch is None:
+    ext_modules = []
+    version = VERSION
+    requires_torch = f"torch{SUPPORTED}"
+else:
+    ext_modules, cmdclass["build_ext"] = extension_build(torch)
+    # Built from an sdist, pip insists that the version matches the file name.
+    from_sdist = os.path.exists(os.path.join(HERE, "PKG-INFO"))
+    version = VERSION if from_sdist else f"{VERSION}+{local_version_label(torch.__version__)}"
+    requires_torch = f"torch=={torch.__version__}"
+    _notice(f"the C++ extension is compiled against torch {torch.__version__} ({torch.__file__}).")
 
 setup(
     name="torch_ctxext",
-    version="0.1.0",
+    version=version,
     description="The whole documented ctx contract of torch.autograd.Function on the torch you have",
     packages=find_packages(include=["torch_ctxext", "torch_ctxext.*"]),
     # The pytest plugin is a module of its own, outside the package: pytest
@@ -69,9 +155,10 @@ setup(
     py_modules=["torch_ctxext_pytest"],
     package_data={"torch_ctxext": ["py.typed"]},
     python_requires=">=3.10",
-    install_requires=[f"torch{SUPPORTED}"],
-    ext_modules=[ext],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    # ninja: the build at first import (torch.utils.cpp_extension needs it).
+    install_requires=[requires_torch, "ninja"],
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
     entry_points={
         "console_scripts": ["torch-ctxext=torch_ctxext.__main__:main"],
         "pytest11": ["torch_ctxext = torch_ctxext_pytest"],

@@ -1,9 +1,9 @@
 """Run every benchmark and regenerate the benchmarks page and its figures.
 
     python benchmarks/run_all.py --torch-2-15 PY215 [--out docs] [--quick]
-                                 [--torch-2-13 PY213] [--json FILE]
+                                 [--torch-2-13 PY213] [--json FILE] [--install]
     python benchmarks/run_all.py --from-json docs/benchmarks.json [--out docs]
-    python benchmarks/run_all.py --from-json FILE --remeasure check_function|model --torch-2-15 PY215
+    python benchmarks/run_all.py --from-json FILE --remeasure check_function|model|install --torch-2-15 PY215
     python benchmarks/run_all.py --from-json FILE --remeasure releases --torch-2-15 PY215 \\
                                  --other-releases PYTHON[:BUILT_TREE]...
 
@@ -29,9 +29,9 @@ fewer rounds, leaves out the checker's time (benchmarks/bench_check_function.py)
 and, unless --out is given, writes into a temporary directory rather than docs/.
 ``--from-json`` measures nothing and redraws the page and figures from the
 raw results of an earlier run (to change the presentation, not the numbers);
-with ``--remeasure check_function`` or ``--remeasure model`` (the shared-layer
-model of benchmarks/bench_model.py) it measures that part again and keeps the
-rest:
+with ``--remeasure check_function``, ``--remeasure model`` (the shared-layer
+model of benchmarks/bench_model.py) or ``--remeasure install`` it measures that
+part again and keeps the rest:
 
     python benchmarks/run_all.py --from-json docs/benchmarks.json --remeasure check_function \\
         --torch-2-13 PY213 --torch-2-15 PY215
@@ -42,6 +42,10 @@ copy of the tree built in place in BUILT_TREE) and merges the rows into the
 earlier results, release by release, so that releases whose environments do
 not fit on the disk together can be measured one after another
 (``bash tools/run.sh matrix --bench`` does, for every supported release).
+
+``--install`` adds the install figures to a full run (benchmarks/bench_import.py:
+the first import, which builds the extension, and the import from the build
+cache; one build, 2 to 3 minutes on 2 cores).
 """
 import argparse
 import json
@@ -209,6 +213,16 @@ def verdicts(results):
         )
     if "model" in results:
         lines += [f"* Shared-layer model, {line}." for line in bench_model_report.summary(results["model"])]
+    if "install" in results:
+        r = results["install"]
+        lines.append(
+            f"* Installing from source: the first import builds the extension in "
+            f"{r['first_import_s']:.0f} s; later imports load it from the build cache: "
+            f"`import torch_ctxext` {r['cached_ms']:.1f} ms against {r['package_ms']:.1f} ms with a "
+            f"build shipped in the package (ratio {r['cached_over_package']['ratio']:.2f}; finding "
+            f"the cached build costs {r['lookup_cache_ms']:.1f} ms; `import torch` alone takes "
+            f"{r['import_torch_s']:.1f} s)."
+        )
     return "\n".join(lines)
 
 
@@ -421,6 +435,26 @@ def render_page(results, command):
         ]
     if "model" in results:
         lines += [bench_model_report.page_section(results["model"], f"{IMG}/{FIGURES['model']}")]
+    if "install" in results:
+        import bench_import
+
+        r = results["install"]
+        lines += [
+            "## Installing: the first import and the next",
+            "",
+            f"Measured {r['date']} (load average {r['load_average'][0]:.2f} at the end), "
+            f"torch {r['torch']} (git {r['torch_git'][:12]}), by `benchmarks/bench_import.py` "
+            "on this checkout's sources; see [Installing](install.md) for what the first "
+            "import does.",
+            "",
+            bench_import.table(r),
+            "",
+            *[
+                "* " + " ".join(paragraph.split())
+                for paragraph in bench_import.__doc__.split("\n\n")[3:]
+            ],
+            "",
+        ]
     lines += ["## How it is measured", "", METHOD]
     return "\n".join(lines)
 
@@ -461,12 +495,15 @@ def main(argv=None):
                         "with --quick a temporary directory)")
     parser.add_argument("--quick", action="store_true", help="smoke run for CI (under a minute)")
     parser.add_argument("--json", metavar="FILE", help="also write the raw results here")
+    parser.add_argument("--install", action="store_true",
+                        help="also measure the first import (a build) and the import from the "
+                        "build cache (with --from-json: --remeasure install)")
     parser.add_argument(
         "--from-json", metavar="FILE",
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
     )
     parser.add_argument(
-        "--remeasure", choices=["check_function", "model", "releases"], action="append", default=[],
+        "--remeasure", choices=["check_function", "model", "install", "releases"], action="append", default=[],
         help="with --from-json: measure this part again (with --torch-2-13 / this "
         "interpreter and --torch-2-15 where given) and keep the rest of the earlier "
         "results; 'model' is the shared-layer model (benchmarks/bench_model.py, 5 to 8 "
@@ -479,22 +516,24 @@ def main(argv=None):
         os.path.join(tempfile.gettempdir(), "torch_ctxext-bench-quick")
         if args.quick else os.path.join(os.path.dirname(HERE), "docs")
     )
-    command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
-        " --torch-2-12 PYTHON_OF_TORCH_2.12" if args.torch_2_12 else ""
-    ) + (
-        " --other-releases PYTHONS_OF_THE_OTHER_RELEASES" if args.other_releases else ""
-    ) + (
-        " --quick" if args.quick else ""
-    )
+    def command_of(torch_2_12, other_releases, install, quick):
+        return "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
+            " --torch-2-12 PYTHON_OF_TORCH_2.12" if torch_2_12 else ""
+        ) + (
+            " --other-releases PYTHONS_OF_THE_OTHER_RELEASES" if other_releases else ""
+        ) + (
+            " --install" if install else ""
+        ) + (
+            " --quick" if quick else ""
+        )
+
+    command = command_of(args.torch_2_12, args.other_releases, args.install, args.quick)
     if args.from_json:
         with open(args.from_json) as f:
             results = json.load(f)
-        # The command that measured these results, from what they hold.
-        command = "python benchmarks/run_all.py --torch-2-15 PYTHON_OF_TORCH_2.15" + (
-            " --torch-2-12 PYTHON_OF_TORCH_2.12" if "boxed" in results else ""
-        ) + (
-            " --other-releases PYTHONS_OF_THE_OTHER_RELEASES" if "idle_releases" in results else ""
-        ) + (" --quick" if results["quick"] else "")
+        # The run that measured them, as far as its results tell.
+        command = command_of("boxed" in results, "idle_releases" in results,
+                             "install" in results, results["quick"] or args.quick)
         if "check_function" in args.remeasure:
             import bench_check_function
 
@@ -526,6 +565,10 @@ def main(argv=None):
             results["check_function"] = bench_check_function.compare(
                 [args.torch_2_13 or sys.executable, args.torch_2_15])
         results["model"] = bench_model.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
+    if args.install or "install" in args.remeasure:
+        import bench_import
+
+        results["install"] = bench_import.collect(args.torch_2_13, rounds=5 if args.quick else 20)
     os.makedirs(os.path.join(out, IMG), exist_ok=True)
     plot_overhead(results, os.path.join(out, IMG, FIGURES["overhead"]), plt)
     plot_fused_time(results, os.path.join(out, IMG, FIGURES["time"]), plt)
@@ -537,7 +580,7 @@ def main(argv=None):
     for path in filter(None, [os.path.join(out, "benchmarks.json"), args.json]):
         if (args.from_json and not args.remeasure
                 and os.path.abspath(path) == os.path.abspath(args.from_json)):
-            continue
+            continue  # nothing new was measured
         with open(path, "w") as f:
             json.dump(results, f, indent=1, sort_keys=True)
             f.write("\n")

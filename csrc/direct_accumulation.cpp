@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -99,57 +100,61 @@ std::optional<c10::Stream> consumer_stream(const InputBuffer& buffer,
 
 namespace {
 
-// A graph task, weakly: records die with the task they belong to, and a new
-// task at a freed task's address is not mistaken for it.
-struct TaskRef {
-  std::weak_ptr<GraphTask> weak;
-  const GraphTask* raw;
+// Records are keyed by raw addresses and hold their graph task weakly: they
+// die with the task they belong to, and a new task at a freed task's address
+// is not mistaken for it. A consumer node is unique among a task's nodes
+// while the task runs (nodes created during backward are never run by it).
+struct Key {
+  const GraphTask* task;
+  const Node* node;
+  size_t pos;  // the consumer's input slot; 0 for marks
 
-  bool is(const GraphTask* task) const {
-    return raw == task && !weak.expired();
+  bool operator==(const Key& other) const {
+    return task == other.task && node == other.node && pos == other.pos;
   }
 };
 
-struct SlotRecord {
-  TaskRef task;
-  const Node* consumer;  // unique among the task's nodes while it runs
-  size_t pos;
-  std::thread::id thread;
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    const auto h = std::hash<const void*>{};
+    return h(k.task) ^ (h(k.node) * 31) ^ (k.pos * 1000003);
+  }
 };
 
-struct NodeMark {
-  TaskRef task;
-  const Node* node;
+template <typename Value>
+struct Records {
+  struct Entry {
+    std::weak_ptr<GraphTask> task;
+    Value value;
+  };
+  std::unordered_map<Key, Entry, KeyHash> entries;
+  size_t pruned_at = 0;
+
+  const Value* find(const Key& key) const {
+    auto it = entries.find(key);
+    return it == entries.end() || it->second.task.expired() ? nullptr
+                                                             : &it->second.value;
+  }
+
+  void add(GraphTask* task, const Key& key, Value value) {
+    // Dropping the records of ended tasks each time the map has doubled
+    // keeps every operation amortized O(1).
+    if (entries.size() >= 2 * pruned_at + 16) {
+      for (auto it = entries.begin(); it != entries.end();) {
+        it = it->second.task.expired() ? entries.erase(it) : std::next(it);
+      }
+      pruned_at = entries.size();
+    }
+    entries.insert_or_assign(key, Entry{task->weak_from_this(), value});
+  }
 };
 
 std::mutex registry_mutex;
-std::vector<SlotRecord> slots;
-std::vector<NodeMark> marks;
-// How many slot records exist: the engine hook takes the registry's mutex
-// only while there are any.
+Records<std::thread::id> slots;  // exposed slots: the thread that exposed them
+Records<bool> marks;              // nodes that handed out a buffer, per task
+// How many slot records exist: the engine hook and exposures take the
+// registry's mutex for slots only while there are any.
 std::atomic<size_t> recorded_slots{0};
-
-template <typename Records>
-void drop_ended_tasks(Records& records) {
-  records.erase(std::remove_if(records.begin(), records.end(),
-                               [](const auto& r) { return r.task.weak.expired(); }),
-                records.end());
-}
-
-TaskRef ref_of(GraphTask* task) {
-  return TaskRef{task->weak_from_this(), task};
-}
-
-std::optional<std::thread::id> find_thread_locked(const GraphTask* task,
-                                                  const Node* consumer,
-                                                  size_t pos) {
-  for (const auto& record : slots) {
-    if (record.consumer == consumer && record.pos == pos && record.task.is(task)) {
-      return record.thread;
-    }
-  }
-  return std::nullopt;
-}
 
 // --- the engine hook on InputBuffer::add ----------------------------------------
 
@@ -175,9 +180,9 @@ void add_with_validation(InputBuffer* self, size_t pos, at::Tensor&& var,
       std::optional<std::thread::id> thread;
       {
         std::lock_guard<std::mutex> lock(registry_mutex);
-        drop_ended_tasks(slots);
-        recorded_slots.store(slots.size(), std::memory_order_release);
-        thread = find_thread_locked(task, consumer_node, pos);
+        if (const auto* found = slots.find({task, consumer_node, pos})) {
+          thread = *found;
+        }
       }
       if (thread.has_value()) {
         validated_count.fetch_add(1, std::memory_order_relaxed);
@@ -246,19 +251,22 @@ std::optional<std::thread::id> exposing_thread(const GraphTask* task,
     return std::nullopt;
   }
   std::lock_guard<std::mutex> lock(registry_mutex);
-  return find_thread_locked(task, consumer, pos);
+  const auto* found = slots.find({task, consumer, pos});
+  return found ? std::optional<std::thread::id>(*found) : std::nullopt;
 }
 
 void record_exposure(GraphTask* task, const Node* consumer, size_t pos) {
-  if (needs_hook()) {
-    try_place_hook();
+  // Only where a slot can be reached from another engine thread: without
+  // device threads every exposure and every producer of a task run on the
+  // task's one thread, and the record could never fail a check.
+  if (!needs_hook() && !hook_placed.load()) {
+    return;
   }
   std::lock_guard<std::mutex> lock(registry_mutex);
-  drop_ended_tasks(slots);
-  if (!find_thread_locked(task, consumer, pos).has_value()) {
-    slots.push_back({ref_of(task), consumer, pos, std::this_thread::get_id()});
+  if (slots.find({task, consumer, pos}) == nullptr) {
+    slots.add(task, {task, consumer, pos}, std::this_thread::get_id());
   }
-  recorded_slots.store(slots.size(), std::memory_order_release);
+  recorded_slots.store(slots.entries.size(), std::memory_order_release);
 }
 
 bool later_producers_validated() {
@@ -267,23 +275,12 @@ bool later_producers_validated() {
 
 void mark_exposed(GraphTask* task, const Node* node) {
   std::lock_guard<std::mutex> lock(registry_mutex);
-  drop_ended_tasks(marks);
-  for (const auto& mark : marks) {
-    if (mark.node == node && mark.task.is(task)) {
-      return;
-    }
-  }
-  marks.push_back({ref_of(task), node});
+  marks.add(task, {task, node, 0}, true);
 }
 
 bool exposed_in(const GraphTask* task, const Node* node) {
   std::lock_guard<std::mutex> lock(registry_mutex);
-  for (const auto& mark : marks) {
-    if (mark.node == node && mark.task.is(task)) {
-      return true;
-    }
-  }
-  return false;
+  return marks.find({task, node, 0}) != nullptr;
 }
 
 uint64_t validated_later_producers() {

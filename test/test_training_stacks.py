@@ -119,7 +119,7 @@ def run_processes(commands, logs, timeout):
         if codes != [0] * len(procs):
             tails = "\n".join(f"--- {log} (exit code {code}):\n{_tail(log)}"
                               for log, code in zip(logs, codes))
-            what = f"did not finish within {timeout} s" if None in codes else "failed"
+            what = "failed" if any(c not in (None, 0) for c in codes) else f"did not finish within {timeout} s"
             raise AssertionError(f"worker processes {what}; exit codes {codes}\n{tails}")
     finally:
         for p in procs:

@@ -21,6 +21,7 @@ import argparse
 import collections
 import contextlib
 import datetime
+import faulthandler
 import os
 import re
 import sys
@@ -343,6 +344,9 @@ def worker_main(argv=None):
     args = parser.parse_args(argv)
     import torch.distributed as dist
 
+    # A crash in native code prints each thread's Python stack to the log the
+    # test shows.
+    faulthandler.enable()
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"file://{args.store}", rank=args.rank, world_size=args.world,
@@ -353,8 +357,17 @@ def worker_main(argv=None):
         results = {config: run(config, args.rank, args.world) for config in configs}
         torch.save(results, args.out + ".part")
         os.replace(args.out + ".part", args.out)
+        print(f"rank {args.rank}: results written", flush=True)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Gloo's worker threads can abort the interpreter's teardown ("terminate
+    # called without an active exception", pytorch/pytorch#190489 and
+    # #179291); everything this process owes is written and the group is
+    # destroyed, so it ends here, without that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@
 #
 # Virtual environments are cached outside the clone, in $TORCH_CTXEXT_CACHE
 # (default ~/.cache/torch_ctxext), one per torch release, so a second run
-# downloads nothing. torch_ctxext is built against each and installed into it.
+# downloads nothing. torch_ctxext is installed into each from source, and its
+# first import there builds the extension for that torch into
+# $TORCH_CTXEXT_CACHE/builds, as a user's would: venvs with the same torch
+# share one build, and a second run with the same sources builds nothing.
 # TORCH_CTXEXT_TORCH picks the release for `check` (default 2.13.0, the one
 # this machine has on local disk); TORCH_CTXEXT_CI_RELEASES (space-separated)
 # replaces the subset `test` runs besides 2.13.0, to rerun a part of it.
@@ -27,16 +30,18 @@ reference=2.15.0
 # Every supported release (the latest patch of each minor): `matrix`.
 releases=(2.6.0 2.7.1 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
 # What `test` runs besides $main: every code path of csrc/engine_layout.h.
-#   2.6.0   the oldest supported: old C++ ABI, at::isAccelerator, vmap's out_dims
-#   2.7.1   the newest without per-slot accumulation streams (boundary D)
+#   2.6.0   the oldest supported: old C++ ABI, at::isAccelerator, vmap's out_dims,
+#           no per-slot accumulation streams (boundary D; 2.7 is the same
+#           path, checked by `matrix`)
 #   2.9.1   the newest whose engine casts every gradient (A, B, C)
 #   2.12.1  the newest with a weak ctx node and no native boxed grads
 #   2.15.0  everything native: the reference
-ci_releases=(2.6.0 2.7.1 2.9.1 2.12.1 2.15.0)
+ci_releases=(2.6.0 2.9.1 2.12.1 2.15.0)
 if [ -n "${TORCH_CTXEXT_CI_RELEASES:-}" ]; then read -ra ci_releases <<<"$TORCH_CTXEXT_CI_RELEASES"; fi
 oldest=${releases[0]}
 test_deps=(numpy pytest hypothesis expecttest ninja "setuptools>=70,<82" wheel)
 mkdir -p "$cache"
+export TORCH_CTXEXT_CACHE=$cache  # the venvs' builds go to $cache/builds
 out=$(mktemp -d /tmp/torch_ctxext-run.XXXXXX)
 
 pip_env() {  # pip_env VERSION -> the environment pip runs with for that release
@@ -44,6 +49,10 @@ pip_env() {  # pip_env VERSION -> the environment pip runs with for that release
     # (2.13.0); the other releases come from the package index itself.
     # No cache: it would double the disk each release takes (5 to 7 GB).
     if [ "$1" = 2.13.0 ]; then echo PIP_NO_CACHE_DIR=1; else echo PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1; fi
+}
+
+install_torch_ctxext() {  # install_torch_ctxext VENV: the sources; the first import builds
+    TORCH_CTXEXT_BUILD_EXT=0 "$1/bin/python" -m pip install -q --no-build-isolation --no-deps "$root" >&2
 }
 
 docs_venv() {  # torch 2.13.0 + torch_ctxext + the documentation tools
@@ -54,7 +63,7 @@ docs_venv() {  # torch 2.13.0 + torch_ctxext + the documentation tools
         env $(pip_env 2.13.0) "$dir/bin/python" -m pip install -q torch==2.13.0 >&2
     fi
     env $(pip_env 2.13.0) "$dir/bin/python" -m pip install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
-    "$dir/bin/python" -m pip install -q --no-build-isolation --no-deps "$root" >&2
+    install_torch_ctxext "$dir"
     echo "$dir"
 }
 
@@ -113,7 +122,7 @@ venv_ready() {  # venv_ready VERSION: its venv exists (created here, or by prefe
 venv_for() {  # venv_for VERSION -> path of a venv with that torch and torch_ctxext installed
     local version=$1 dir=$cache/venv-$1
     venv_ready "$version"
-    "$dir/bin/python" -m pip install -q --no-build-isolation --no-deps "$root" >&2
+    install_torch_ctxext "$dir"
     echo "$dir"
 }
 

@@ -4,6 +4,12 @@
 members of the contract the running torch lacks, and nothing else: members
 torch provides natively stay untouched. :func:`features` says who provides
 what.
+
+The members it adds need its C++ extension, built for the running torch: at
+install where pip could see torch, else by the first import, once, into a
+cache (about a minute; ``python -m torch_ctxext info`` says which build is
+loaded). If no build can be made here, the import still succeeds, warns once
+saying why, and :func:`features` reports those members unavailable.
 """
 import importlib
 
@@ -26,18 +32,26 @@ _features.record_native()
 if any(_features.lacks(member) for member, _ in _INSTALLERS):
     from . import _extension, _layout_check
 
-    _ext = _extension.load()
-    # Members whose engine structures do not read back as the headers say
-    # are not installed; features() gives the reason.
-    _features.UNAVAILABLE.update(_layout_check.unavailable_members(_ext))
-    for _member, _module in _INSTALLERS:
-        if _features.lacks(_member) and _member not in _features.UNAVAILABLE:
-            _installer = importlib.import_module(_module, __name__)
-            _why = getattr(_installer, "unavailable_reason", lambda ext: None)(_ext)
-            if _why:
-                _features.UNAVAILABLE[_member] = _why
-            else:
-                _installer.install(_ext)
+    _missing = [member for member, _ in _INSTALLERS if _features.lacks(member)]
+    try:
+        _ext = _extension.load()
+    except _extension.ExtensionBuildError as error:
+        # No build for this torch, and none could be made here: the rest of
+        # the contract still works, and features() says why these do not.
+        _features.report_unavailable(_missing, error)
+    else:
+        # Members whose engine structures do not read back as the headers
+        # say are not installed; features() gives the reason.
+        _features.UNAVAILABLE.update(_layout_check.unavailable_members(_ext))
+        for _member, _module in _INSTALLERS:
+            if _member in _missing and _member not in _features.UNAVAILABLE:
+                _installer = importlib.import_module(_module, __name__)
+                # A member this release's engine cannot carry says why.
+                _why = getattr(_installer, "unavailable_reason", lambda ext: None)(_ext)
+                if _why:
+                    _features.UNAVAILABLE[_member] = _why
+                else:
+                    _installer.install(_ext)
 
 from . import testing  # noqa: E402  (check_function, after the patches above)
 from ._explain import explain  # noqa: E402

@@ -1,8 +1,12 @@
-"""Command line: ``python -m torch_ctxext {info,check}`` (also ``torch-ctxext``).
+"""Command line: ``python -m torch_ctxext {info,check,build}`` (also ``torch-ctxext``).
 
-``info``   what the running torch provides natively and what torch_ctxext adds.
+``info``   what the running torch provides natively and what torch_ctxext adds;
+           which build of the C++ extension is loaded, from where, for which torch.
 ``check``  run the conformance suite against the installed torch and report,
            per member of the contract, who provides it and what passed.
+``build``  build the C++ extension for the running torch into the cache now,
+           ahead of the first import (images, clusters without a compiler on
+           the nodes); ``--force`` builds it again.
 """
 import argparse
 import sys
@@ -12,21 +16,33 @@ def _info(_args):
     import torch
 
     import torch_ctxext
-    from torch_ctxext import _report
+    from torch_ctxext import _features, _report
 
-    from torch_ctxext import _features
-
-    print(_report.info_table(torch_ctxext.features(), torch.__version__, _built_for(),
+    print(_report.info_table(torch_ctxext.features(), torch.__version__, torch.version.git_version,
                              _features.routes()))
     return 0
 
 
-def _built_for():
+def _build(args):
+    import torch
+
+    import torch_ctxext
+    from torch_ctxext import _build, _extension
+
+    if all(status == "native" for status in torch_ctxext.features().values()):
+        print(f"torch {torch.__version__} provides every member of the contract natively: nothing to build")
+        return 0
+    packaged = _extension.packaged_build()
+    if packaged and packaged[1:] == (torch.__version__, torch.version.git_version) and not args.force:
+        print(f"the installed package carries a build for torch {torch.__version__}: {packaged[0]}")
+        return 0
     try:
-        from torch_ctxext import _build_info
-    except ImportError:
-        return "(extension not built)"
-    return _build_info.TORCH_VERSION
+        library, _ = _build.build("asked for by `python -m torch_ctxext build`", force=args.force)
+    except _build.ExtensionBuildError as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(f"build for torch {torch.__version__}: {library}")
+    return 0
 
 
 def _check(args):
@@ -54,8 +70,14 @@ def main(argv=None):
     check.add_argument(
         "pytest_args", nargs="*", help="further pytest arguments (after --)"
     )
+    build = commands.add_parser(
+        "build", help="build the C++ extension for the running torch now, into the cache"
+    )
+    build.add_argument(
+        "--force", action="store_true", help="build again even if the cache has a build (or a recorded failure)"
+    )
     args = parser.parse_args(argv)
-    return {"info": _info, "check": _check}[args.command](args)
+    return {"info": _info, "check": _check, "build": _build}[args.command](args)
 
 
 if __name__ == "__main__":

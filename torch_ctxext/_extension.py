@@ -1,15 +1,37 @@
-"""Loading the C++ extension, only against the torch it was built for.
+"""Loading the C++ extension, only a build made for the running torch.
 
 The extension reads autograd-engine structures by the layout of the headers it
 was compiled with. Loaded into any other torch build it would read garbage, so
-the check runs before the shared library is loaded (from the build record
-setup.py writes) and the library repeats it with the values compiled into it.
+:func:`load` takes, in this order:
+
+1. the build installed with the package (``pip install`` compiled it where
+   torch was importable: ``_C`` beside ``_build_info.py``, which records the
+   torch it was built for), if that is the running torch;
+2. the build for the running torch in the cache (``_build``);
+3. a new build in the cache, compiled now (first import after an install from
+   source or a torch upgrade), unless ``TORCH_CTXEXT_JIT=0``: then the
+   ImportError says how to get one.
+
+The record is checked before the shared library is loaded, and the library
+repeats the check with the values compiled into it.
 """
+import collections
 import functools
+import importlib.util
+import sys
 
 import torch
 
+from . import _build, _build_cache
+from ._build import ExtensionBuildError  # noqa: F401  (raised by load())
+
 REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps torch_ctxext"
+BUILD_AHEAD = f"{_build.ENV_JIT}=1 python -m torch_ctxext build"
+
+# Where the loaded extension came from (``python -m torch_ctxext info``):
+# origin is "package" (installed with it), "cache" or "built" (at this import).
+Loaded = collections.namedtuple("Loaded", "path origin torch_version torch_git_version")
+loaded = None
 
 
 class BuildMismatchError(ImportError):
@@ -21,9 +43,19 @@ def _mismatch(built_version, built_git):
         f"torch_ctxext was built for torch {built_version} (git {built_git[:12]}) "
         f"but torch {torch.__version__} (git {torch.version.git_version[:12]}) "
         "is running. Its extension reads autograd internals by layout and must "
-        "be rebuilt against the running torch: from a source checkout run "
-        f"`{REBUILD.replace(' torch_ctxext', ' .')}`, or `{REBUILD}` for a "
-        "source distribution."
+        f"be rebuilt against the running torch: unset {_build.ENV_JIT} (it is 0) "
+        f"to build it at import, build it ahead of time with `{BUILD_AHEAD}`, or "
+        f"reinstall with `{REBUILD}` (`.` instead of torch_ctxext in a checkout)."
+    )
+
+
+def _not_built():
+    return ImportError(
+        "torch_ctxext's C++ extension has not been built for torch "
+        f"{torch.__version__} (git {torch.version.git_version[:12]}), and "
+        f"{_build.ENV_JIT}=0 forbids building it at import. Build it ahead of time "
+        f"with `{BUILD_AHEAD}` (into {_build_cache.root()}), or unset "
+        f"{_build.ENV_JIT} to build it at the next import."
     )
 
 
@@ -31,21 +63,62 @@ def _same_build(version, git):
     return version == torch.__version__ and git == torch.version.git_version
 
 
-@functools.lru_cache(maxsize=None)
-def load():
-    """Return the torch_ctxext._C module, or raise ImportError saying why not."""
+def packaged_build():
+    """(path of _C, torch version, git) of the build installed with the
+    package, or None if it carries none."""
     try:
         from . import _build_info
     except ImportError:
-        raise ImportError(
-            "torch_ctxext's C++ extension has not been built. Install the "
-            f"package (`pip install --no-build-isolation .` in a checkout) "
-            "rather than importing it from the source tree."
-        ) from None
-    if not _same_build(_build_info.TORCH_VERSION, _build_info.TORCH_GIT_VERSION):
-        raise _mismatch(_build_info.TORCH_VERSION, _build_info.TORCH_GIT_VERSION)
-    from . import _C
+        return None
+    spec = importlib.util.find_spec(__package__ + "._C")
+    if spec is None or not spec.origin:
+        return None
+    return spec.origin, _build_info.TORCH_VERSION, _build_info.TORCH_GIT_VERSION
 
-    if not _same_build(_C.built_for_torch, _C.built_for_git_version):
-        raise _mismatch(_C.built_for_torch, _C.built_for_git_version)
-    return _C
+
+def _import(path):
+    """Import the library at ``path`` as torch_ctxext._C."""
+    name = __package__ + "._C"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    setattr(sys.modules[__package__], "_C", module)
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def load():
+    """Return the torch_ctxext._C module built for the running torch.
+
+    Raises ExtensionBuildError (an ImportError) if it had to be built and the
+    build failed, BuildMismatchError or ImportError if TORCH_CTXEXT_JIT=0 and
+    there is no build for the running torch.
+    """
+    global loaded
+    packaged = packaged_build()
+    if packaged and _same_build(packaged[1], packaged[2]):
+        path, origin = packaged[0], "package"
+    elif cached := _build_cache.cached_library():
+        path, origin = cached, "cache"
+    elif not _build.jit_enabled():
+        raise _mismatch(packaged[1], packaged[2]) if packaged else _not_built()
+    else:
+        reason = (
+            f"the installed build is for torch {packaged[1]} (git {packaged[2][:12]})"
+            if packaged
+            else "this copy of torch_ctxext carries no build (installed from source)"
+        )
+        path, built = _build.build(reason)
+        origin = "built" if built else "cache"  # or another process built it meanwhile
+    module = _import(path)
+    if not _same_build(module.built_for_torch, module.built_for_git_version):
+        raise _mismatch(module.built_for_torch, module.built_for_git_version)
+    loaded = Loaded(path, origin, module.built_for_torch, module.built_for_git_version)
+    return module

@@ -1,4 +1,6 @@
 """Which member of the ctx contract the running torch provides, and how."""
+import warnings
+
 import torch
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 
@@ -15,7 +17,21 @@ MEMBERS = (
     "set_materialize_grads",
     "set_output_grad_dtype",
 )
+
+
+def member_of_test_module(filename):
+    """The member a conformance test module checks: test_<member>.py, or
+    test_<member>_<concern>.py for a member whose tests are split by concern
+    (tools/contract_table.py reads the suite the same way)."""
+    name = filename[len("test_") : -len(".py")]
+    for member in sorted(MEMBERS, key=len, reverse=True):
+        if name == member or name.startswith(member + "_"):
+            return member
+    return name
+
+
 SUPPORTED_RANGE = ((2, 6), (2, 15))
+
 
 def torch_release(version=None):
     """(major, minor) of a torch version string such as '2.13.0+cpu'."""
@@ -40,6 +56,19 @@ _NATIVE = {}
 PROVIDED = set()
 # Members torch_ctxext meant to provide but could not, with the reason.
 UNAVAILABLE = {}
+
+
+class ExtensionUnavailableWarning(UserWarning):
+    """torch_ctxext has no C++ extension for the running torch: the members
+    that need it are unavailable (features() says which, and why)."""
+
+
+def report_unavailable(members, error):
+    """Record that ``members`` cannot be provided because of ``error``, and
+    say so once."""
+    for name in members:
+        UNAVAILABLE[name] = str(error)
+    warnings.warn(str(error), ExtensionUnavailableWarning, stacklevel=3)
 
 
 def record_native():

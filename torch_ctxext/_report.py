@@ -5,15 +5,44 @@ import os
 import torch
 
 from . import _features
-from ._features import MEMBERS
+from ._features import MEMBERS, member_of_test_module
 
 SUITE = "torch_ctxext.conformance"
 
 
-def info_table(features, torch_version, built_for, routes=None):
-    lines = [
-        f"torch          {torch_version}",
+def extension_lines():
+    """Which build of the C++ extension is loaded, from where, for which torch."""
+    from . import _build_cache, _extension
+    from ._features import UNAVAILABLE
+
+    loaded = _extension.loaded
+    if loaded is None:
+        if UNAVAILABLE:
+            where = f"not loaded: {next(iter(UNAVAILABLE.values()))}"
+        else:
+            where = "not needed: the running torch provides every member natively"
+        built_for = "(no build loaded)"
+    else:
+        record = _build_cache.record_of(loaded.path)
+        where = {
+            "package": "installed with the package",
+            "cache": "from the build cache",
+            "built": "built at this import, into the build cache",
+        }[loaded.origin] + f": {loaded.path}"
+        if record.get("built_at"):
+            where += f" (built {record['built_at']} in {record['seconds']:.0f} s)"
+        built_for = f"{loaded.torch_version} (git {loaded.torch_git_version[:12]})"
+    return [
         f"built for      {built_for}",
+        f"extension      {where}",
+        f"build cache    {_build_cache.root()} (${_build_cache.ENV_CACHE})",
+    ]
+
+
+def info_table(features, torch_version, torch_git_version, routes=None):
+    lines = [
+        f"torch          {torch_version} (git {torch_git_version[:12]})",
+        *extension_lines(),
         "",
         f"{'member':<26}provided by",
         f"{'-' * 25} {'-' * 40}",
@@ -35,7 +64,7 @@ class _Collector:
     def pytest_runtest_logreport(self, report):
         if report.when == "call" or (report.when == "setup" and not report.passed):
             module = os.path.basename(report.nodeid.split("::")[0])
-            member = module[len("test_") : -len(".py")]
+            member = member_of_test_module(module)
             deviation = bool(getattr(report, "wasxfail", "")) and (
                 "known upstream deviation" in report.wasxfail
             )

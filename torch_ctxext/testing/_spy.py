@@ -58,11 +58,14 @@ def spy_backward(fn, record):
     stack = contextlib.ExitStack()
     depth = []
 
-    def spy_apply(original):
-        def apply(ctx, *args):
+    def spy(original, boxed):
+        """apply (grads as arguments) or apply_boxed (one list of grads)."""
+
+        def call(ctx, *args):
             if depth:  # apply calling apply_boxed (or back): one backward
                 return original(ctx, *args)
-            received = [GradInfo.of(g) for g in args]
+            unboxed = boxed and len(args) == 1 and isinstance(args[0], list)
+            received = [GradInfo.of(g) for g in (args[0] if unboxed else args)]
             depth.append(1)
             try:
                 result = original(ctx, *args)
@@ -71,25 +74,9 @@ def spy_backward(fn, record):
             record(received, [GradInfo.of(g) for g in as_tuple(result)])
             return result
 
-        return apply
+        return call
 
-    def spy_apply_boxed(original):
-        def apply_boxed(ctx, *args):
-            boxed = len(args) == 1 and isinstance(args[0], list)
-            if depth:
-                return original(ctx, *args)
-            received = [GradInfo.of(g) for g in (args[0] if boxed else args)]
-            depth.append(1)
-            try:
-                result = original(ctx, *args)
-            finally:
-                depth.pop()
-            record(received, [GradInfo.of(g) for g in as_tuple(result)])
-            return result
-
-        return apply_boxed
-
-    stack.enter_context(patched(bw, "apply", spy_apply))
+    stack.enter_context(patched(bw, "apply", lambda original: spy(original, False)))
     if hasattr(bw, "apply_boxed"):
-        stack.enter_context(patched(bw, "apply_boxed", spy_apply_boxed))
+        stack.enter_context(patched(bw, "apply_boxed", lambda original: spy(original, True)))
     return stack

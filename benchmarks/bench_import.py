@@ -1,0 +1,174 @@
+"""Installing: the first import, which builds the extension, and every import after it.
+
+    python benchmarks/bench_import.py [--rounds N] [--json FILE] [--python PY]
+
+Run it with the python of a torch that needs torch_ctxext's extension (2.12
+to 2.14); it measures this checkout's sources, in a temporary directory.
+run_all.py adds its figures to docs/benchmarks.md with ``--install``.
+
+First import: one process ``python -c "import torch_ctxext"`` on a
+sources-only copy of the package (what ``pip install`` leaves when the build
+cannot see torch) with an empty build cache, wall clock: the build at first
+import. Beside it, ``python -c "import torch"`` (median of 5 processes).
+
+Later imports: ``import torch_ctxext`` in a process that has already imported
+torch (perf_counter around the import), with the extension loaded from the
+build cache vs shipped in the package (the same library, copied into a second
+copy of the package with its ``_build_info.py``, as ``pip install
+--no-build-isolation`` installs it), so that only how the build is found
+differs. The two alternate process by process, round after round, rotating
+which goes first; the ratio is the median of per-round ratios (10th to 90th
+percentile in parentheses), the times are medians over rounds and, least
+disturbed by other load, minima.
+
+Finding the build: in one process, the lookup alone, without loading (best of
+5 times 100 calls): in the cache (reading and hashing the files its name
+depends on) vs in the package.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import bench  # noqa: E402  (ratio_stats, log, machine)
+
+TIMED_IMPORT = (
+    "import time, torch; start = time.perf_counter(); import torch_ctxext; "
+    "elapsed = time.perf_counter() - start; import torch_ctxext._extension as e; "
+    "print(e.loaded.origin, elapsed)"
+)
+
+
+def _env(site, cache):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
+    env.update(PYTHONPATH=site, TORCH_CTXEXT_CACHE=cache)
+    return env
+
+
+def _sources_only_copy(site):
+    package = os.path.join(site, "torch_ctxext")
+    shutil.copytree(
+        os.path.join(ROOT, "torch_ctxext"), package,
+        ignore=shutil.ignore_patterns("__pycache__", "_C*", "_build_info.py"),
+    )
+    shutil.copytree(os.path.join(ROOT, "csrc"), os.path.join(package, "csrc"))
+    return package
+
+
+def _run(python, code, env):
+    start = time.monotonic()
+    result = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    if result.returncode != 0:
+        raise RuntimeError(f"{code!r} failed:\n{result.stderr}")
+    return time.monotonic() - start, result
+
+
+def _lookup_ms(python, function, env):
+    module, name = function.rsplit(".", 1)
+    code = (
+        f"import timeit, torch, torch_ctxext, {module} as m; "
+        f"assert m.{name}(); print(min(timeit.repeat(m.{name}, number=100, repeat=5)) / 100 * 1e3)"
+    )
+    return float(_run(python, code, env)[1].stdout)
+
+
+def collect(python=None, rounds=20):
+    """Measure; return a JSON-able dict."""
+    python = python or sys.executable
+    work = tempfile.mkdtemp(prefix="torch_ctxext-bench-import-")
+    try:
+        sources, packaged, cache = (os.path.join(work, d) for d in ("site-sources", "site-package", "cache"))
+        _sources_only_copy(sources)
+        package = _sources_only_copy(packaged)
+        info = json.loads(_run(python, "import json, torch; print(json.dumps([torch.__version__, torch.version.git_version]))",
+                               _env(sources, cache))[1].stdout)
+        bench.log("import torch alone, 5 processes")
+        import_torch = statistics.median(_run(python, "import torch", _env(sources, cache))[0] for _ in range(5))
+        bench.log("first import: building the extension into an empty cache")
+        first, result = _run(python, "import torch_ctxext", _env(sources, cache))
+        (key,) = [d for d in os.listdir(os.path.join(cache, "builds")) if os.path.isdir(os.path.join(cache, "builds", d))]
+        with open(os.path.join(cache, "builds", key, "build.json")) as f:
+            record = json.load(f)
+        # The same library, shipped in the package as a compiled install has it.
+        suffix = subprocess.run([python, "-c", "import importlib.machinery as m; print(m.EXTENSION_SUFFIXES[0])"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        shutil.copy(os.path.join(cache, "builds", key, "_C.so"), os.path.join(package, "_C" + suffix))
+        with open(os.path.join(package, "_build_info.py"), "w") as f:
+            f.write(f"TORCH_VERSION = {info[0]!r}\nTORCH_GIT_VERSION = {info[1]!r}\n")
+        sides = {"cache": _env(sources, cache), "package": _env(packaged, os.path.join(work, "empty-cache"))}
+        per_round = {side: [] for side in sides}
+        bench.log(f"import torch_ctxext, from the cache vs from the package: {rounds} rounds")
+        for r in range(rounds):
+            order = list(sides)[r % 2:] + list(sides)[: r % 2]
+            for side in order:
+                origin, seconds = _run(python, TIMED_IMPORT, sides[side])[1].stdout.split()
+                assert origin == side, (origin, side)
+                per_round[side].append(float(seconds) * 1e3)
+        ratios = [c / p for c, p in zip(per_round["cache"], per_round["package"])]
+        lookup = {
+            "cache": _lookup_ms(python, "torch_ctxext._build_cache.cached_library", sides["cache"]),
+            "package": _lookup_ms(python, "torch_ctxext._extension.packaged_build", sides["package"]),
+        }
+        return {
+            "torch": info[0],
+            "torch_git": info[1],
+            "python": sys.version.split()[0],
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_average": os.getloadavg(),
+            "import_torch_s": import_torch,
+            "first_import_s": first,
+            "build_s": record["seconds"],
+            "build_steps": sum(line.startswith("torch_ctxext: [") for line in result.stderr.splitlines()),
+            "cached_ms": statistics.median(per_round["cache"]),
+            "package_ms": statistics.median(per_round["package"]),
+            "cached_min_ms": min(per_round["cache"]),
+            "package_min_ms": min(per_round["package"]),
+            "lookup_cache_ms": lookup["cache"],
+            "lookup_package_ms": lookup["package"],
+            "cached_over_package": bench.ratio_stats(ratios),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def table(r):
+    """The Markdown table of the page."""
+    s = r["cached_over_package"]
+    return "\n".join([
+        "| measurement | time |",
+        "|---|---|",
+        f"| `python -c \"import torch_ctxext\"`, first import: builds the extension into an empty cache ({r['build_steps'] - 1} files and a link) | {r['first_import_s']:.1f} s (of which the build {r['build_s']:.1f} s) |",
+        f"| `python -c \"import torch\"`, for comparison | {r['import_torch_s']:.2f} s |",
+        f"| `import torch_ctxext` after `import torch`, extension from the build cache | {r['cached_ms']:.1f} ms (least disturbed {r['cached_min_ms']:.1f} ms) |",
+        f"| `import torch_ctxext` after `import torch`, extension shipped in the package | {r['package_ms']:.1f} ms (least disturbed {r['package_min_ms']:.1f} ms) |",
+        f"| from the cache / from the package | {s['ratio']:.3f} ({s['p10']:.3f}–{s['p90']:.3f}), {r['cached_ms'] - r['package_ms']:+.1f} ms |",
+        f"| finding the build: in the cache / in the package | {r['lookup_cache_ms']:.2f} ms / {r['lookup_package_ms']:.3f} ms |",
+    ])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=20, help="alternation rounds of the cached import (default 20)")
+    parser.add_argument("--python", help="interpreter to measure (default: this one)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results here")
+    args = parser.parse_args(argv)
+    results = collect(args.python, args.rounds)
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, sort_keys=True)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The build cache: where builds of the extension live, and how they are named.
+
+    $TORCH_CTXEXT_CACHE/builds/<key>/_C.so        (default ~/.cache/torch_ctxext)
+    $TORCH_CTXEXT_CACHE/builds/<key>/build.json   what it was built for, when, how long
+
+``<key>`` names the torch version, its git hash, the Python ABI, the machine
+and a fingerprint of what the build's layouts and code come from: the torch
+headers the extension includes (the structures it reads by layout are
+declared there), torch's build configuration, the extension's own sources
+and its compiler flags. So another torch, or the same version built
+differently, or an edited ``csrc/`` gets a build of its own, and environments
+with the same torch and the same torch_ctxext share one, wherever each is
+installed. Nothing here compiles (``_build`` does): finding a build costs
+reading and hashing those few files, about 2 ms.
+"""
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+
+import torch
+
+from . import _sources
+
+ENV_CACHE = "TORCH_CTXEXT_CACHE"
+LIBRARY = "_C.so"
+RECORD = "build.json"
+
+
+def root():
+    """Where builds are kept: $TORCH_CTXEXT_CACHE/builds, else the user cache dir."""
+    base = os.environ.get(ENV_CACHE) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "torch_ctxext",
+    )
+    return os.path.join(os.path.abspath(base), "builds")
+
+
+_INCLUDE = re.compile(rb'^\s*#\s*include\s*<([^>]+)>', re.M)
+
+
+def torch_include_dirs():
+    include = os.path.join(os.path.dirname(torch.__file__), "include")
+    return [include, os.path.join(include, "torch", "csrc", "api", "include")]
+
+
+def _layout_headers(source_files):
+    """The torch headers the extension includes directly, and torch's build
+    configuration: the files the layouts it reads are declared in (relative
+    to torch's include directory, and their paths)."""
+    names = set()
+    for path in source_files:
+        with open(path, "rb") as f:
+            names.update(n.decode() for n in _INCLUDE.findall(f.read()) if b"/" in n)  # not <vector>
+    names.add("c10/macros/cmake_macros.h")
+    include, api = torch_include_dirs()
+    found = {}
+    for name in sorted(names):
+        for d in (include, api):
+            candidate = os.path.join(d, name)
+            if os.path.isfile(candidate):
+                found[candidate[len(include) + 1:]] = candidate
+                break
+    return found
+
+
+def fingerprint(csrc):
+    """Digest of what the build's layouts and code come from: torch's headers
+    that the extension includes, its sources and headers, its flags, the
+    Python ABI and the machine."""
+    own = _sources.sources(csrc) + _sources.headers(csrc)
+    digest = hashlib.sha256()
+    for name, path in sorted(_layout_headers(own).items()):
+        with open(path, "rb") as f:
+            digest.update(b"torch-header\0%s\0%s" % (name.encode(), f.read()))
+    for path in own:
+        with open(path, "rb") as f:
+            digest.update(b"source\0%s\0%s" % (os.path.basename(path).encode(), f.read()))
+    flags = _sources.jit_cflags(torch.__version__, torch.version.git_version) + _sources.extra_link_args()
+    digest.update(json.dumps([flags, sys.implementation.cache_tag, platform.machine()]).encode())
+    return digest.hexdigest()
+
+
+def build_key(csrc):
+    """The cache directory name of the build for the running torch."""
+    git = (torch.version.git_version or "unknown")[:12]
+    return (
+        f"torch-{torch.__version__}-git{git}-{sys.implementation.cache_tag}-"
+        f"{platform.machine()}-{fingerprint(csrc)[:16]}"
+    )
+
+
+def cached_library():
+    """Path of the published build for the running torch, or None."""
+    csrc = _sources.csrc_dir()
+    if csrc is None:
+        return None
+    path = os.path.join(root(), build_key(csrc), LIBRARY)
+    return path if os.path.isfile(path) else None
+
+
+def record_of(library):
+    """What build.json says about a published build (its torch, when it was built)."""
+    try:
+        with open(os.path.join(os.path.dirname(library), RECORD)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
