@@ -18,7 +18,8 @@
 # share one build, and a second run with the same sources builds nothing.
 # TORCH_CTXEXT_TORCH picks the release for `check` (default 2.13.0, the one
 # this machine has on local disk); TORCH_CTXEXT_CI_RELEASES (space-separated)
-# replaces the subset `test` runs besides 2.13.0, to rerun a part of it.
+# replaces the subset `test` runs besides 2.13.0, and TORCH_CTXEXT_RELEASES
+# the releases `matrix` runs (the other kept reports stay), to rerun a part.
 set -euo pipefail
 shopt -s inherit_errexit  # a failing step inside $(...) stops the run too
 job=${1:?usage: bash tools/run.sh check|test|matrix [--keep] [--bench]|docs}
@@ -39,6 +40,8 @@ releases=(2.6.0 2.7.1 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
 ci_releases=(2.6.0 2.9.1 2.12.1 2.15.0)
 if [ -n "${TORCH_CTXEXT_CI_RELEASES:-}" ]; then read -ra ci_releases <<<"$TORCH_CTXEXT_CI_RELEASES"; fi
 oldest=${releases[0]}
+matrix_releases=("${releases[@]}")
+if [ -n "${TORCH_CTXEXT_RELEASES:-}" ]; then read -ra matrix_releases <<<"$TORCH_CTXEXT_RELEASES"; fi
 test_deps=(numpy pytest hypothesis expecttest ninja "setuptools>=70,<82" wheel)
 mkdir -p "$cache"
 export TORCH_CTXEXT_CACHE=$cache  # the venvs' builds go to $cache/builds
@@ -202,7 +205,7 @@ matrix)
     cd /tmp
     start=$(date +%s)
     declare -A existed=()
-    for version in "${releases[@]}"; do
+    for version in "${matrix_releases[@]}"; do
         [ -x "$cache/venv-$version/bin/python" ] && existed[$version]=1
     done
     if $bench; then
@@ -217,7 +220,7 @@ matrix)
         fi
         bench_python=${TORCH_CTXEXT_BENCH_PYTHON:-$(docs_venv)/bin/python}
     fi
-    for version in "${releases[@]}"; do
+    for version in "${matrix_releases[@]}"; do
         t0=$(date +%s)
         venv=$(venv_for "$version")
         t1=$(date +%s)
@@ -239,7 +242,7 @@ matrix)
     if $keep_reference && ! $keep && [ -z "${existed[$reference]:-}" ]; then rm -rf "$cache/venv-$reference"; fi
     python3 "$root/tools/compat_matrix.py" --store "$out"/check-*.json
     echo "== compatibility matrix regenerated (docs/compatibility.md, README.md, docs/compat/)"
-    echo "== matrix: ${#releases[@]} releases in $(( $(date +%s) - start )) s"
+    echo "== matrix: ${#matrix_releases[@]} releases in $(( $(date +%s) - start )) s"
     ;;
 *)
     echo "unknown job: $job (check|test|matrix|docs)" >&2
