@@ -11,34 +11,11 @@ import torch
 from torch_ctxext.testing import _runner, check_function
 from torch_ctxext.testing._options import DEFAULT_TIME_BUDGET
 
+# torch's docstring example, and a sigmoid whose backward forgets (1 - y).
+from test_check_function import Exp, WrongSigmoid  # noqa: E402
+
 sample = corpus.sample
 STE_REASON = "straight-through estimator: round's gradient is taken as 1"
-
-
-class Exp(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        result = x.exp()
-        ctx.save_for_backward(result)
-        return result
-
-    @staticmethod
-    def backward(ctx, g):
-        (result,) = ctx.saved_tensors
-        return g * result
-
-
-class WrongSigmoid(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = x.sigmoid()
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * y  # forgot (1 - y)
 
 
 # --- the intended gradient and opt-outs --------------------------------------------

@@ -185,7 +185,7 @@ def test_boxed_grads_call_defaults_to_false(spec, n):
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "torch 2.12 to 2.15: once_differentiable only arms its double-backward error when "
+        "torch 2.6 to 2.15: once_differentiable only arms its double-backward error when "
         "one of backward's arguments is a tensor requiring grad; with boxed_grads_call the "
         "only argument is a list, so the gradient silently comes back non-differentiable "
         "and double backward drops this Function's contribution instead of raising"

@@ -240,7 +240,7 @@ def test_jvp_may_return_none_for_non_tensor_outputs_and_non_differentiable_outpu
     strict=True,
     raises=RuntimeError,
     reason=(
-        "torch 2.12 to 2.15: returning None from jvp for a differentiable floating-point "
+        "torch 2.6 to 2.15: returning None from jvp for a differentiable floating-point "
         "output (e.g. one that does not depend on the inputs) hits an INTERNAL ASSERT "
         "('Expected both tensor and its forward grad to be floating point or complex') "
         "instead of meaning a zero/absent tangent"
