@@ -204,8 +204,8 @@ matrix)
     done
     cd /tmp
     start=$(date +%s)
-    declare -A existed=()
-    for version in "${matrix_releases[@]}"; do
+    declare -A existed=()  # every cached venv, whichever releases this run checks
+    for version in "${releases[@]}"; do
         [ -x "$cache/venv-$version/bin/python" ] && existed[$version]=1
     done
     if $bench; then
