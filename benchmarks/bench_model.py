@@ -150,22 +150,12 @@ def measure_model_losses(dim, hidden, depth, batch, seq, steps=30):
     weights on the same batches; and what explain() counted in the fused
     variant's first backward, where torch_ctxext is importable."""
     import torch
-    from shared_layers import shifted_token_batch
+    from shared_layers import shifted_token_batch, train
 
-    curves = {}
-    for variant in VARIANTS:
-        model = _model(variant, dim, hidden, depth)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        gen = torch.Generator().manual_seed(1)
-        losses = []
-        for _ in range(steps):
-            tokens, targets = shifted_token_batch(batch, seq, VOCAB, gen)
-            optimizer.zero_grad(set_to_none=True)
-            loss = model.loss(tokens, targets)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        curves[variant] = losses
+    # The example's own training loop (its vocabulary is the model's, VOCAB).
+    curves = {variant: train(_model(variant, dim, hidden, depth), steps,
+                             batch=batch, seq=seq, lr=0.05, seed=1)
+              for variant in VARIANTS}
     result = {"losses": curves}
     if "torch_ctxext" in sys.modules and sys.modules["torch_ctxext"] is not None:
         import torch_ctxext
