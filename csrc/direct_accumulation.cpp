@@ -1,5 +1,6 @@
 #include "direct_accumulation.h"
 
+#include "fork_safety.h"
 #include "patching.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -149,7 +150,8 @@ struct Records {
   }
 };
 
-std::mutex registry_mutex;
+// Taken by the engine hook without the GIL: fork-safe (fork_safety.h).
+ForkSafeMutex registry_mutex{"direct_accumulation"};
 Records<std::thread::id> slots;  // exposed slots: the thread that exposed them
 Records<bool> marks;              // nodes that handed out a buffer, per task
 // How many slot records exist: the engine hook and exposures take the
@@ -179,7 +181,7 @@ void add_with_validation(InputBuffer* self, size_t pos, at::Tensor&& var,
     if (GraphTask* task = current_graph_task_unchecked()) {
       std::optional<std::thread::id> thread;
       {
-        std::lock_guard<std::mutex> lock(registry_mutex);
+        std::lock_guard<ForkSafeMutex> lock(registry_mutex);
         if (const auto* found = slots.find({task, consumer_node, pos})) {
           thread = *found;
         }
@@ -250,7 +252,7 @@ std::optional<std::thread::id> exposing_thread(const GraphTask* task,
   if (recorded_slots.load(std::memory_order_acquire) == 0) {
     return std::nullopt;
   }
-  std::lock_guard<std::mutex> lock(registry_mutex);
+  std::lock_guard<ForkSafeMutex> lock(registry_mutex);
   const auto* found = slots.find({task, consumer, pos});
   return found ? std::optional<std::thread::id>(*found) : std::nullopt;
 }
@@ -262,7 +264,7 @@ void record_exposure(GraphTask* task, const Node* consumer, size_t pos) {
   if (!needs_hook() && !hook_placed.load()) {
     return;
   }
-  std::lock_guard<std::mutex> lock(registry_mutex);
+  std::lock_guard<ForkSafeMutex> lock(registry_mutex);
   if (slots.find({task, consumer, pos}) == nullptr) {
     slots.add(task, {task, consumer, pos}, std::this_thread::get_id());
   }
@@ -274,12 +276,12 @@ bool later_producers_validated() {
 }
 
 void mark_exposed(GraphTask* task, const Node* node) {
-  std::lock_guard<std::mutex> lock(registry_mutex);
+  std::lock_guard<ForkSafeMutex> lock(registry_mutex);
   marks.add(task, {task, node, 0}, true);
 }
 
 bool exposed_in(const GraphTask* task, const Node* node) {
-  std::lock_guard<std::mutex> lock(registry_mutex);
+  std::lock_guard<ForkSafeMutex> lock(registry_mutex);
   return marks.find({task, node, 0}) != nullptr;
 }
 

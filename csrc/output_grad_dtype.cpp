@@ -4,6 +4,7 @@
 #include <string>
 
 #if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+#include "fork_safety.h"
 #include "patching.h"
 
 #include <dlfcn.h>
@@ -180,7 +181,8 @@ struct KeyHash {
   }
 };
 
-std::mutex registry_mutex;
+// Taken by the engine hook without the GIL: fork-safe (fork_safety.h).
+ForkSafeMutex registry_mutex{"output_grad_dtype"};
 std::unordered_map<Key, std::weak_ptr<Node>, KeyHash> declared;  // under the mutex
 size_t calls_since_sweep = 0;                                    // under the mutex
 // declared.size(), readable without the lock: the wrapper's fast path.
@@ -229,7 +231,7 @@ void validate_outputs_keeping_uncast(const edge_list& edges, variable_list& grad
   locked_calls.fetch_add(1, std::memory_order_relaxed);
   c10::SmallVector<std::pair<size_t, at::Tensor>, 4> kept;
   {
-    std::lock_guard<std::mutex> lock(registry_mutex);
+    std::lock_guard<ForkSafeMutex> lock(registry_mutex);
     if (++calls_since_sweep > declared.size()) {
       sweep_locked();
     }
@@ -302,14 +304,14 @@ void keep_gradients_uncast(const std::weak_ptr<Node>& node, size_t input_nr) {
     throw std::logic_error("torch_ctxext: declaring None for a node that is gone");
   }
   place_wrapper();
-  std::lock_guard<std::mutex> lock(registry_mutex);
+  std::lock_guard<ForkSafeMutex> lock(registry_mutex);
   sweep_locked();
   declared[{alive.get(), static_cast<uint32_t>(input_nr)}] = node;
   publish_count_locked();
 }
 
 size_t live_uncast_declarations() {
-  std::lock_guard<std::mutex> lock(registry_mutex);
+  std::lock_guard<ForkSafeMutex> lock(registry_mutex);
   sweep_locked();
   return declared.size();
 }

@@ -10,6 +10,10 @@ declaration or error.
 
 Runs on torch 2.13 + torch_ctxext and on native torch 2.15 alike.
 """
+import os
+import signal
+import os
+import signal
 import sys
 import threading
 import time
@@ -85,7 +89,7 @@ class Nested(Function):
         return grad_x, None, None
 
 
-def one_thread(index, errors, fused_counts, barrier):
+def one_thread(index, errors, fused_counts, barrier, passes=N_PASSES):
     try:
         tag = {"fused": 0}
         # Values that differ per thread: a gradient from the wrong thread's
@@ -93,7 +97,7 @@ def one_thread(index, errors, fused_counts, barrier):
         base = float(index + 1)
         w = torch.tensor([base, base + 1.0], requires_grad=True)
         barrier.wait()
-        for step in range(N_PASSES):
+        for step in range(passes):
             x = torch.tensor([1.0, 2.0], requires_grad=True)
             k = float(step % 7 + 1)
             # x * k is created after FusedScale, so its backward runs first and
@@ -146,6 +150,57 @@ def test_eight_threads_fuse_declare_and_box_at_once():
     # The fused path was taken in every pass of every thread.
     assert fused_counts == [N_PASSES] * N_THREADS, fused_counts
     print(f"{N_THREADS} x {N_PASSES} passes in {elapsed:.2f} s")
+
+
+N_FORKS = 15
+CHILD_BOUND_S = 20
+
+
+@pytest.mark.skipif(not HAS_BOXED_GRADS, reason="this torch has no boxed_grads_call")
+def test_children_forked_while_threads_train_run_every_feature():
+    # A fork() while other threads are inside the engine (the main thread
+    # starting fork-based workers while threads train) must leave no lock of
+    # torch_ctxext held in the child (csrc/fork_safety.h): each child runs
+    # passes of the same workload and must finish within the bound.
+    # test_hardening_fork.py forks inside each lock deterministically; this
+    # forks wherever the threads happen to be.
+    n_threads = 4
+    errors, fused_counts = [], [None] * n_threads
+    barrier = threading.Barrier(n_threads + 1)
+    threads = [
+        threading.Thread(target=one_thread, args=(i, errors, fused_counts, barrier))
+        for i in range(n_threads)
+    ]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    outcomes = []
+    for _ in range(N_FORKS):
+        time.sleep(0.02)
+        pid = os.fork()
+        if pid == 0:
+            child_errors, child_counts = [], [None]
+            try:
+                one_thread(0, child_errors, child_counts, threading.Barrier(1), passes=6)
+            finally:
+                os._exit(0 if not child_errors and child_counts == [6] else 1)
+        deadline = time.monotonic() + CHILD_BOUND_S
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                outcomes.append(os.waitstatus_to_exitcode(status))
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                outcomes.append("hung")
+                break
+            time.sleep(0.01)
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors[0]
+    assert outcomes == [0] * N_FORKS, outcomes
 
 
 def test_buffers_are_per_thread_and_per_graph_task():

@@ -1,0 +1,212 @@
+"""Hardening: fork() while an engine thread is inside a lock of torch_ctxext.
+
+The engine hooks of torch_ctxext take process-global locks without the GIL
+(the validate_outputs wrapper behind set_output_grad_dtype(None) on torch
+<= 2.9, the InputBuffer::add hook that validates later producers of an
+exposed buffer). A fork() made while another thread is inside one would copy
+the lock held into the child, whose first backward() would then wait forever
+(csrc/fork_safety.h). Each case runs in a subprocess that makes the engine
+take the lock in a training thread, parks that thread inside the locked
+region (a test-only hook of the extension), forks right then, and lets the
+child run backward passes; the parent waits for the child with a bound and
+kills it if it hangs.
+
+Run directly (``python test_hardening_fork.py LOCK``) it is that subprocess.
+"""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+CHILD_BOUND_S = 20  # a backward of a few nodes takes milliseconds
+PARK_MS = 1000  # how long the training thread sits inside the locked region
+
+
+def run_case(lock, extra_env=None):
+    env = dict(os.environ, **(extra_env or {}))
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), lock],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_BOUND_S + 120,
+        env=env,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def loaded_extension():
+    import torch_ctxext  # noqa: F401
+    from torch_ctxext import _extension
+
+    return _extension.load() if _extension.loaded else None
+
+
+@pytest.mark.parametrize(
+    "lock, env",
+    [
+        ("output_grad_dtype", {}),
+        # The InputBuffer::add hook is placed only where the engine has
+        # device threads, unless asked for.
+        ("direct_accumulation", {"TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS": "always"}),
+        # No lock at all: a fork while another thread trains, as a control
+        # (and the whole test on native torch 2.15).
+        ("none", {}),
+    ],
+)
+def test_child_forked_while_an_engine_thread_holds_a_lock_can_run_backward(lock, env):
+    ext = loaded_extension()
+    if lock == "output_grad_dtype" and not getattr(ext, "engine_casts_every_gradient", False):
+        pytest.skip("no validate_outputs wrapper on this torch (torch > 2.9 or native)")
+    if lock == "direct_accumulation" and not getattr(ext, "later_producers_hookable", False):
+        pytest.skip("no InputBuffer::add hook on this torch (torch <= 2.9 or native)")
+    code, output = run_case(lock, env)
+    assert code == 0, output
+    assert "child: ok" in output, output
+
+
+def test_every_lock_the_engine_takes_without_the_gil_is_fork_safe():
+    ext = loaded_extension()
+    if ext is None:
+        pytest.skip("no extension loaded (native torch 2.15)")
+    expected = {"direct_accumulation"}
+    if ext.engine_casts_every_gradient:
+        expected.add("output_grad_dtype")
+    assert set(ext.fork_safe_locks()) == expected
+
+
+# --- the subprocess --------------------------------------------------------------
+
+
+def _main(lock):
+    import torch
+    from torch.autograd import Function
+
+    import torch_ctxext  # noqa: F401
+    from torch_ctxext import _extension
+
+    ext = _extension.load() if _extension.loaded else None
+
+    class Uncast(Function):
+        """Takes its gradient in whatever dtype it arrives."""
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_output_grad_dtype(None)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            ctx.seen = g.dtype
+            return g * 2
+
+    class Linear(Function):
+        """README's example: fuses w's gradient into the engine's buffer."""
+
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x @ w
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            _, w_buffer = ctx.input_grad_buffers
+            if w_buffer is not None:
+                w_buffer.addmm_(x.t(), g)
+                return g @ w.t(), None
+            return g @ w.t(), x.t() @ g
+
+    def fused_step():
+        w = torch.ones(4, 4, requires_grad=True)
+        x = torch.ones(2, 4)
+        sum(Linear.apply(x, w).sum() for _ in range(3)).backward()
+        assert torch.equal(w.grad, torch.full((4, 4), 6.0)), w.grad
+
+    def uncast_step():
+        x = torch.ones(3, requires_grad=True)
+        y = Uncast.apply(x)
+        y.backward(torch.ones(3, dtype=torch.float64))
+        assert y.grad_fn.seen == torch.float64, y.grad_fn.seen
+        assert torch.equal(x.grad, torch.full((3,), 2.0)), x.grad
+
+    # Make the engine take the lock on every node it runs, on any graph.
+    keep = None
+    if lock == "output_grad_dtype":
+        keep = Uncast.apply(torch.ones(3, requires_grad=True))  # a live declaration
+        assert ext.live_uncast_declarations() == 1
+    elif lock == "direct_accumulation":
+        fused_step()  # a recorded exposure, and the InputBuffer::add hook
+        assert ext.producer_hook_placed()
+
+    stop = threading.Event()
+    errors = []
+
+    def train():
+        try:
+            while not stop.is_set():
+                y = torch.ones(8, requires_grad=True)
+                z = y
+                for _ in range(20):
+                    z = z * 1.5
+                z.sum().backward()
+        except BaseException as error:  # reported by the parent
+            errors.append(error)
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    if lock != "none":
+        ext._park_next_gil_free_lock(lock, PARK_MS)
+        deadline = time.monotonic() + 10
+        while not ext._lock_parked():
+            if time.monotonic() > deadline:
+                print("parent: the training thread never entered the lock")
+                sys.exit(2)
+            time.sleep(0.001)
+    else:
+        time.sleep(0.05)
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            a = torch.ones(3, requires_grad=True)
+            (a * 2).sum().backward()
+            assert torch.equal(a.grad, torch.full((3,), 2.0)), a.grad
+            if ext is not None or hasattr(torch.autograd.function.FunctionCtx, "input_grad_buffers"):
+                fused_step()
+                uncast_step()
+            print("child: ok", flush=True)
+            os._exit(0)
+        except BaseException as error:
+            print(f"child: {type(error).__name__}: {error}", flush=True)
+            os._exit(3)
+
+    if lock != "none":
+        ext._release_parked_lock()
+    stop.set()
+    worker.join()
+    del keep
+    deadline = time.monotonic() + CHILD_BOUND_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            print(f"parent: the child hung in backward for {CHILD_BOUND_S} s (killed)")
+            sys.exit(1)
+        time.sleep(0.02)
+    if errors:
+        print(f"parent: the training thread failed: {errors[0]!r}")
+        sys.exit(1)
+    code = os.waitstatus_to_exitcode(status)
+    print(f"parent: child exited with {code}")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])
