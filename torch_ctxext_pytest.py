@@ -16,8 +16,54 @@ The fixture is :func:`torch_ctxext.testing.check_function`: it returns the
 report, and fails the test with the report (an AssertionError) when a rule of
 the ctx contract is broken. Without the installed entry point (a source
 checkout), enable it with ``-p torch_ctxext_pytest``.
+
+It also adds ``--ctx-device`` and ``--ctx-device-module``, which choose the
+device the conformance suite runs on (``pytest --pyargs
+torch_ctxext.conformance --ctx-device testdevice``; see docs/vendors.md).
+They are prefixed because this plugin is loaded into every pytest run of the
+environment, where a project's own ``--device`` must not clash with ours.
+A device whose backend a Python module registers (``--ctx-device-module``,
+or torch_ctxext's own test device) has that module imported here, at
+configure time: before torch_ctxext is imported, since the autograd engine
+starts no thread for a backend registered after the first backward().
 """
+import importlib
+import os
+
 import pytest
+
+# The module that registers each PrivateUse1 backend this project knows
+# (torch_ctxext.conformance._device.KNOWN_MODULES, which cannot be imported
+# here without importing torch_ctxext).
+_KNOWN_DEVICE_MODULES = {"testdevice": "torch_ctxext_testdevice"}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("torch_ctxext", "ctx contract conformance (torch_ctxext)")
+    group.addoption(
+        "--ctx-device",
+        default=os.environ.get("TORCH_CTXEXT_DEVICE"),
+        help="device the conformance suite's tensors are on: cpu (default), cuda, xpu, "
+        "mps, or a PrivateUse1 backend's name ($TORCH_CTXEXT_DEVICE)",
+    )
+    group.addoption(
+        "--ctx-device-module",
+        default=os.environ.get("TORCH_CTXEXT_DEVICE_MODULE"),
+        help="module to import first, which registers the --ctx-device backend "
+        "($TORCH_CTXEXT_DEVICE_MODULE; testdevice: torch_ctxext_testdevice)",
+    )
+
+
+def pytest_configure(config):
+    device = config.getoption("ctx_device") or ""
+    module = config.getoption("ctx_device_module") or _KNOWN_DEVICE_MODULES.get(device.split(":")[0])
+    if module:
+        try:
+            importlib.import_module(module)
+        except Exception as e:
+            raise pytest.UsageError(
+                f"--ctx-device {device}: importing {module!r}, which registers it, failed: {e}"
+            ) from None
 
 
 @pytest.fixture

@@ -58,6 +58,33 @@ install_torch_ctxext() {  # install_torch_ctxext VENV: the sources; the first im
     TORCH_CTXEXT_BUILD_EXT=0 "$1/bin/python" -m pip install -q --no-build-isolation --no-deps "$root" >&2
 }
 
+install_testdevice() {  # install_testdevice VENV: the test device (tools/testdevice), built for its torch
+    # Built again only when its sources change (the hash is kept in the venv).
+    local venv=$1 hash
+    hash=$(cd "$root/tools/testdevice" && find . -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.py' -o -name '*.toml' \) \
+        -not -path './build/*' | sort | xargs sha256sum | sha256sum | cut -c1-16)
+    if [ "$(cat "$venv/.testdevice-hash" 2>/dev/null)" = "$hash" ]; then return; fi
+    local src
+    src=$(mktemp -d /tmp/torch_ctxext-testdevice.XXXXXX)
+    cp -r "$root/tools/testdevice/." "$src"
+    local t0=$SECONDS
+    "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps "$src" >&2
+    echo "== test device built for $("$venv/bin/python" -c 'import torch; print(torch.__version__)') in $(( SECONDS - t0 )) s" >&2
+    rm -rf "$src"
+    echo "$hash" >"$venv/.testdevice-hash"
+}
+
+accelerator_tests() {  # accelerator_tests VERSION PYTHON [ENV...]: the suite on the test device
+    local version=$1 python=$2
+    shift 2
+    echo "== the conformance suite on the test device (testdevice), torch $version"
+    env "$@" "$python" -m pytest -q -p no:cacheprovider -o addopts= -rs --junitxml "$out/device-$version.xml" \
+        --pyargs torch_ctxext.conformance --ctx-device testdevice >"$out/device-$version.log" 2>&1 \
+        || { cat "$out/device-$version.log"; exit 1; }
+    tail -n 1 "$out/device-$version.log"
+    "$python" "$root/tools/count_accelerator_tests.py" "$out/device-$version.xml"
+}
+
 docs_venv() {  # torch 2.13.0 + torch_ctxext + the documentation tools
     local dir=$cache/venv-docs
     if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0'" 2>/dev/null; then
@@ -126,6 +153,7 @@ venv_for() {  # venv_for VERSION -> path of a venv with that torch and torch_ctx
     local version=$1 dir=$cache/venv-$1
     venv_ready "$version"
     install_torch_ctxext "$dir"
+    install_testdevice "$dir"
     echo "$dir"
 }
 
@@ -159,17 +187,21 @@ test)
     echo "== the suite reports each deliberately broken variant of the contract"
     "$main_venv/bin/python" "$root/tools/broken_variants/run.py"
     report $main "$main_venv/bin/python"
+    accelerator_tests $main "$main_venv/bin/python"
     for version in "${ci_releases[@]}"; do
         if [ "$version" = "$reference" ]; then
             # Everything is native: nothing of the extension is loaded, so
             # the source tree runs as it is (no build).
             venv_ready "$version"
+            install_testdevice "$cache/venv-$version"
             ref_python=$cache/venv-$version/bin/python
             report "$version" "$ref_python" PYTHONPATH="$root"
+            accelerator_tests "$version" "$ref_python" PYTHONPATH="$root"
             continue
         fi
         venv=$(venv_for "$version")
         report "$version" "$venv/bin/python"
+        accelerator_tests "$version" "$venv/bin/python"
         echo "== where the releases differ (test/test_release_boundaries.py), torch $version"
         "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts= \
             --rootdir "$root" "$root/test/test_release_boundaries.py"

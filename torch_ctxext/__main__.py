@@ -9,6 +9,7 @@
            the nodes); ``--force`` builds it again.
 """
 import argparse
+import os
 import sys
 
 
@@ -46,13 +47,49 @@ def _build(args):
 
 
 def _check(args):
+    import torch
+
+    from torch_ctxext.conformance import _device
+
+    name = args.device or os.environ.get("TORCH_CTXEXT_DEVICE") or "cpu"
+    module = args.device_module or _device.module_for(name)
+    if module and torch._C._get_privateuse1_backend_name() != name.split(":")[0]:
+        # The backend is registered by a module, which must come before
+        # torch_ctxext (whose import ran a backward, after which the engine
+        # starts no thread for a new device): run the check in a fresh process.
+        return _check_in_a_fresh_process(module)
+    try:
+        device = _device.select(name, module)
+    except _device.DeviceError as e:
+        print(f"torch-ctxext check: {e}", file=sys.stderr)
+        return 2
     from torch_ctxext import _report
 
-    report = _report.run_suite(select=args.k, extra_pytest_args=args.pytest_args)
+    report = _report.run_suite(select=args.k, extra_pytest_args=args.pytest_args, device=str(device))
     print(_report.format_report(report))
     if args.json:
         _report.write_json(report, args.json)
     return 0 if report["conforms"] else 1
+
+
+def _check_in_a_fresh_process(module):
+    """``check`` again, in a new interpreter that imports ``module`` first."""
+    import subprocess
+
+    code = "\n".join([
+        "import importlib, sys",
+        f"module = {module!r}",
+        "try:",
+        "    importlib.import_module(module)",
+        "except Exception as e:",
+        "    print('torch-ctxext check: importing %r, which registers the device, failed: %s'"
+        " % (module, e), file=sys.stderr)",
+        "    sys.exit(2)",
+        "from torch_ctxext.__main__ import main",
+        "sys.exit(main(sys.argv[1:]))",
+    ])
+    completed = subprocess.run([sys.executable, "-c", code, *sys.argv[1:]])
+    return completed.returncode
 
 
 def main(argv=None):
@@ -67,6 +104,18 @@ def main(argv=None):
     )
     check.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     check.add_argument("-k", metavar="EXPR", help="select tests like pytest -k")
+    check.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="run the suite with its tensors on DEVICE: cpu (default), cuda, xpu, mps, or a "
+        "PrivateUse1 backend's name, e.g. testdevice ($TORCH_CTXEXT_DEVICE)",
+    )
+    check.add_argument(
+        "--device-module",
+        metavar="MODULE",
+        help="module that registers the DEVICE backend, imported first "
+        "(testdevice: torch_ctxext_testdevice)",
+    )
     check.add_argument(
         "pytest_args", nargs="*", help="further pytest arguments (after --)"
     )

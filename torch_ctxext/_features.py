@@ -139,6 +139,28 @@ def routes():
     return result
 
 
+def buffer_exposure():
+    """Which ``input_grad_buffers`` slots the running torch can expose, where
+    a release's route leaves some ``None`` (docs/compatibility.md):
+
+    ``accelerator_slots``: slots on an accelerator (False where the engine
+    records no stream per slot: torch_ctxext on torch 2.6 and 2.7);
+    ``later_producer_slots``: slots that later producers still reach, in a
+    process whose engine runs device threads (False where they cannot be
+    validated: torch_ctxext on torch 2.6 to 2.9).
+
+    Both are True where the member is native. The conformance suite reads
+    them so that its accelerator tests check the route each release takes.
+    """
+    if features()["input_grad_buffers"] == "native":
+        return {"accelerator_slots": True, "later_producer_slots": True}
+    ext = _loaded_extension()
+    return {
+        "accelerator_slots": bool(getattr(ext, "slots_record_streams", False)),
+        "later_producer_slots": bool(getattr(ext, "later_producers_hookable", False)),
+    }
+
+
 def _loaded_extension():
     import sys
 

@@ -79,18 +79,28 @@ class _Collector:
             )
 
 
-def run_suite(select=None, extra_pytest_args=()):
-    """Run the suite in this process; return the report as a dict."""
+def run_suite(select=None, extra_pytest_args=(), device="cpu"):
+    """Run the suite in this process, with its tensors on ``device``; return
+    the report as a dict."""
     import pytest
 
     import torch_ctxext
+    from .conformance import _device
 
     collector = _Collector()
+    previous = os.environ.get("TORCH_CTXEXT_DEVICE")
+    os.environ["TORCH_CTXEXT_DEVICE"] = device  # read by the suite's conftest
     args = ["--pyargs", SUITE, "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     if select:
         args += ["-k", select]
     args += list(extra_pytest_args)
-    exit_code = pytest.main(args, plugins=[collector])
+    try:
+        exit_code = pytest.main(args, plugins=[collector])
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_CTXEXT_DEVICE", None)
+        else:
+            os.environ["TORCH_CTXEXT_DEVICE"] = previous
     features = torch_ctxext.features()
     routes = _features.routes()
     members = {}
@@ -111,6 +121,7 @@ def run_suite(select=None, extra_pytest_args=()):
     ok = not failed and not untested and ran > 0 and exit_code == pytest.ExitCode.OK
     return {
         "torch": torch.__version__,
+        "device": _device.describe(),
         "members": members,
         "failed_tests": failed,
         "upstream_deviation_tests": deviations,
@@ -134,7 +145,8 @@ def verdict(conforms, deviations):
 def format_report(report):
     lines = [
         "",
-        f"ctx contract conformance on torch {report['torch']}",
+        f"ctx contract conformance on torch {report['torch']}"
+        + (f", device {report['device']}" if report.get("device", "cpu") != "cpu" else ""),
         "",
         f"{'member':<25}{'provider':<14}{'passed':>7}{'failed':>7}{'skipped':>8}"
         f"{'upstream deviations':>21}",

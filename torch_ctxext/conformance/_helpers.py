@@ -28,16 +28,30 @@ seeds = st.integers(min_value=0, max_value=2**31 - 1)
 
 
 def make_tensor(shape, dtype, seed, requires_grad=False, low=-2.0, high=2.0):
-    """A deterministic random tensor (uses its own generator, not the global RNG)."""
+    """A deterministic random tensor (uses its own generator, not the global
+    RNG), on torch's default device (the suite's ``--device``): drawn on the
+    CPU, so the values are the same on every device."""
     gen = torch.Generator().manual_seed(seed)
-    t = torch.rand(shape, dtype=dtype, generator=gen) * (high - low) + low
-    return t.requires_grad_(requires_grad)
+    t = torch.rand(shape, dtype=dtype, generator=gen, device="cpu") * (high - low) + low
+    return t.to(torch.empty(0).device).requires_grad_(requires_grad)
 
 
 @st.composite
 def tensor_specs(draw, shapes=small_shapes, dtypes=float_dtypes):
     """Draw (shape, dtype, seed)."""
     return draw(shapes), draw(dtypes), draw(seeds)
+
+
+def as_on_cpu(message):
+    """The error text with a tensor's type named as for a CPU tensor
+    (``[torch.FloatTensor [3]]``), whatever device the suite runs on
+    (``torch.cuda.FloatTensor``, a PrivateUse1 backend's ``testdeviceFloatType``)."""
+    return re.sub(
+        r"\[\S*?(ComplexFloat|ComplexDouble|BFloat16|Float|Double|Half|Long|Int|Short|Char|Byte|Bool)"
+        r"(?:Tensor|Type) \[",
+        r"[torch.\1Tensor [",
+        message,
+    )
 
 
 def node_named(message):

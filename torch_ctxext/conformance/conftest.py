@@ -11,14 +11,23 @@ at a place where native torch is known to break it (docs/deviations.md). Where
 deviation of older releases only, fixed upstream since, says up to which
 release it exists: ``upstream_deviation(member, n, until=(2, 10))``; on later
 releases the test must pass.
+
+``--ctx-device DEVICE`` (pytest, from torch_ctxext's pytest plugin), ``python
+-m torch_ctxext check --device DEVICE`` or ``TORCH_CTXEXT_DEVICE`` runs the
+suite with its tensors on DEVICE: ``cpu`` (the default), ``cuda``, ``xpu``,
+``mps``, or a PrivateUse1 backend by name (``--ctx-device-module`` names the
+module that registers it; ``testdevice`` is torch_ctxext's own test device). Every test
+then runs with DEVICE as torch's default device; a test that is about the
+CPU by nature is marked ``cpu_only(reason)`` and skipped with that reason,
+and a test that needs an accelerator (streams, device threads) is marked
+``accelerator`` and skipped on the CPU. See docs/vendors.md.
 """
 import os
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-import torch_ctxext
-from torch_ctxext import _features
+from . import _device
 
 settings.register_profile(
     "fast",
@@ -37,6 +46,23 @@ settings.load_profile(os.environ.get("TORCH_CTXEXT_HYPOTHESIS_PROFILE", "fast"))
 
 
 def pytest_configure(config):
+    # The device's backend is registered before torch_ctxext is imported:
+    # the import runs a backward, after which the engine starts no threads
+    # for devices registered later.
+    try:
+        _device.select(*_device.requested(config))
+    except _device.DeviceError as e:
+        raise pytest.UsageError(str(e)) from None
+    config.addinivalue_line(
+        "markers",
+        "cpu_only(reason): a test about the CPU by nature, skipped with that reason "
+        "when the suite runs on another device",
+    )
+    config.addinivalue_line(
+        "markers",
+        "accelerator: needs an accelerator (streams, device threads): runs where "
+        "--device is one, skipped on the CPU",
+    )
     config.addinivalue_line(
         "markers",
         "upstream_deviation(member, number, until=None): checks the contract "
@@ -52,10 +78,41 @@ def deviates(marker, features, release):
     return features.get(member) == "native" and (until is None or release <= tuple(until))
 
 
+def pytest_report_header(config):
+    return f"ctx contract conformance on device: {_device.describe()}"
+
+
+@pytest.fixture(autouse=True)
+def _on_the_device():
+    """Every test creates its tensors on the suite's device."""
+    with _device.as_default():
+        yield
+
+
+@pytest.fixture
+def buffer_exposure():
+    """Which input_grad_buffers slots the running torch can expose, where a
+    release's route leaves some None (torch_ctxext._features.buffer_exposure)."""
+    from torch_ctxext import _features
+
+    return _features.buffer_exposure()
+
+
 def pytest_collection_modifyitems(config, items):
+    import torch_ctxext
+    from torch_ctxext import _features
+
     features = torch_ctxext.features()
     release = _features.torch_release()
+    device = _device.selected()
     for item in items:
+        cpu_only = item.get_closest_marker("cpu_only")
+        if cpu_only is not None and device.type != "cpu":
+            item.add_marker(pytest.mark.skip(reason=f"CPU only: {cpu_only.args[0]}"))
+        if item.get_closest_marker("accelerator") is not None and not _device.is_accelerator():
+            item.add_marker(pytest.mark.skip(
+                reason="needs an accelerator (streams, device threads): run the suite "
+                "with --device cuda, --device testdevice, ..."))
         marker = item.get_closest_marker("upstream_deviation")
         if marker is None or not deviates(marker, features, release):
             continue

@@ -247,7 +247,7 @@ def test_each_engine_call_hands_its_own_grads_to_backward_from_several_threads()
         try:
             barrier.wait()
             for step in range(100):
-                g = torch.full((3,), float(index * 1000 + step))
+                g = torch.full((3,), float(index * 1000 + step), device=x.device)
                 (grad_x,) = torch.autograd.grad(out, x, g, retain_graph=True)
                 if not torch.equal(grad_x, g):
                     errors.append((index, step, grad_x.tolist()))

@@ -23,6 +23,11 @@ from expecttest import assert_expected_inline
 from torch.autograd import Function
 from torch.autograd.variable import Variable
 
+try:
+    from . import _device
+except ImportError:  # run as plain files
+    import _device
+
 TIME_LIMIT_S = 120
 
 
@@ -49,7 +54,8 @@ def run_isolated(code):
 
 
 def leaf(*values):
-    return torch.tensor(values, requires_grad=True)
+    # On the suite's device explicitly (see test_input_grad_buffers.leaf).
+    return torch.tensor(values, requires_grad=True, device=_device.selected())
 
 
 class Reader(Function):
@@ -282,6 +288,10 @@ def test_a_direct_engine_call_after_receiving_a_buffer_raises():
     assert seen == [REENTRANT]
 
 
+@pytest.mark.cpu_only(
+    "two graph tasks run one node at once only where each calling thread runs its own "
+    "task's nodes (the CPU); an accelerator's nodes run one after another on its device thread"
+)
 def test_each_graph_task_running_the_node_keeps_its_own_refusal():
     """Two threads run backward through one retained graph at once; both read
     a buffer in the same node. A reentrant grad() in the first thread's
@@ -381,96 +391,3 @@ ok AttributeError
 RuntimeError AttributeError
 """,
     )
-
-
-# --- threads and streams (accelerators; skipped without CUDA) ---------------
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-DIRECT = "Direct InputBuffer accumulation"
-
-
-class ToDevice(Function):
-    """Moves a (CPU) input to CUDA and scales it: its node runs on the CUDA
-    device thread, with a stream, while its input's buffer is on the CPU."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.cuda() * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        (buffer,) = ctx.input_grad_buffers
-        if buffer is not None:
-            buffer.add_((g * 2).cpu())
-            return None
-        return (g * 2).cpu()
-
-
-@needs_cuda
-def test_on_cuda_a_cpu_buffer_is_refused_to_a_node_on_the_device_thread():
-    """A CPU buffer (a CPU-offloaded parameter) reaching a node that runs on
-    an accelerator's thread with a stream: the non-accelerator rule refuses."""
-    x = torch.ones(3, requires_grad=True)
-    y = ToDevice.apply(x)
-    loss = y.sum().cpu() + (x * 3).sum()  # x * 3 runs first, on the CPU thread
-    with pytest.raises(RuntimeError, match=f"{DIRECT} for a non-accelerator buffer requires producer and consumer streams to be absent"):
-        loss.backward()
-
-
-@needs_cuda
-def test_on_cuda_a_buffer_is_refused_to_a_node_on_another_stream():
-    """The running node's stream differs from the buffer's accumulation stream."""
-    record = []
-
-    class Scale(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            record.append(read_error(ctx))
-            return g * 2
-
-    x = torch.ones(3, device="cuda", requires_grad=True)
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        y = Scale.apply(x)  # the node records the side stream
-    torch.cuda.current_stream().wait_stream(side)
-    (y.sum() + (x * 3).sum()).backward()
-    torch.cuda.synchronize()
-    assert isinstance(record[0], str) and record[0].startswith(f"{DIRECT} requires the same stream"), record
-
-
-@needs_cuda
-def test_on_cuda_a_later_producer_on_another_engine_thread_is_refused():
-    """A CPU buffer exposed on the CPU thread, and a producer that reaches it
-    later from the CUDA device thread: ToCuda's backward, which can only run
-    after CpuScale's backward has produced the gradient it needs."""
-
-    class ToCuda(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.cuda()
-
-        @staticmethod
-        def backward(ctx, g):
-            return g.cpu()
-
-    class CpuScale(Function):
-        @staticmethod
-        def forward(ctx, x, w):
-            return x * 2 + w.cpu()
-
-        @staticmethod
-        def backward(ctx, g):
-            (buffer, _) = ctx.input_grad_buffers
-            assert buffer is not None  # x * 3 ran first, on this thread
-            buffer.add_(g * 2)
-            return None, g.cuda()
-
-    x = torch.ones(3, requires_grad=True)
-    loss = CpuScale.apply(x, ToCuda.apply(x)).sum() + (x * 3).sum()
-    with pytest.raises(RuntimeError, match=f"{DIRECT} requires the same autograd engine thread"):
-        loss.backward()

@@ -46,15 +46,20 @@ class DoubleInPlaceSetupContext(Function):
 
 def _add_one_untracked(mark, when="after"):
     """A Function that adds one to its input behind autograd's back (through
-    numpy, as the docstring example does), optionally calling mark_dirty."""
+    numpy, as the docstring example does, where the tensor is on the CPU;
+    through ``.data``, which has a version counter of its own, elsewhere),
+    optionally calling mark_dirty."""
 
     class AddOneUntracked(Function):
         @staticmethod
         def forward(ctx, x):
             if mark and when == "before":
                 ctx.mark_dirty(x)
-            x_npy = x.numpy()  # shares storage with x; no version bump
-            x_npy += 1
+            if x.device.type == "cpu":
+                x_npy = x.numpy()  # shares storage with x; no version bump
+                x_npy += 1
+            else:
+                x.data.add_(1)  # shares storage with x; no version bump
             if mark and when == "after":
                 ctx.mark_dirty(x)
             return x
@@ -67,6 +72,7 @@ def _add_one_untracked(mark, when="after"):
 
 
 @pytest.mark.upstream_deviation("mark_dirty", "anomaly-hint", until=(2, 10))
+@pytest.mark.cpu_only("the docstring's example modifies the tensor through numpy, which shares the memory of CPU tensors only")
 def test_docstring_example_mark_dirty_inplace():
     """Examples:: class Inplace(Function): ... ctx.mark_dirty(x) ... b.backward() # RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation"""
 

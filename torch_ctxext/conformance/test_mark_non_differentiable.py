@@ -148,7 +148,7 @@ def test_non_differentiable_outputs_still_get_a_zero_gradient_of_the_output_shap
         def backward(ctx, *grads):
             seen["grads"] = grads
             total = sum(g.sum() * (i + 1) for i, g in enumerate(grads))
-            return torch.ones(2, dtype=dtype) * total
+            return torch.ones(2, dtype=dtype, device=total.device) * total
 
     outs = Outs.apply(x)
     # Every output, marked ones included, takes part in the loss; the marked

@@ -16,9 +16,9 @@ from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
 try:
-    from ._helpers import make_tensor, node_named, tensor_specs
+    from ._helpers import as_on_cpu, make_tensor, node_named, tensor_specs
 except ImportError:
-    from _helpers import make_tensor, node_named, tensor_specs
+    from _helpers import as_on_cpu, make_tensor, node_named, tensor_specs
 
 
 # --- Functions shared by several tests ------------------------------------
@@ -233,7 +233,7 @@ def test_save_for_backward_refuses_tensors_modified_in_place():
     with pytest.raises(RuntimeError) as e:
         z.sum().backward()
     expecttest.assert_expected_inline(
-        node_named(str(e.value)),
+        as_on_cpu(node_named(str(e.value))),
         """one of the variables needed for gradient computation has been modified by an inplace operation: [torch.FloatTensor [3]], which is output 0 of E, is at version 1; expected version 0 instead. Hint: enable anomaly detection to find the operation that failed to compute its gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).""",
     )
 

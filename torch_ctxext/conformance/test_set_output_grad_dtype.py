@@ -702,7 +702,7 @@ def _random_function(specs, style, rec):
     def backward(ctx, *grads):
         rec["calls"] = rec.get("calls", 0) + 1
         rec["grads"] = [g.detach().clone() if isinstance(g, torch.Tensor) else g for g in grads]
-        gx = torch.zeros(ctx.shape, dtype=torch.float64)
+        gx = torch.zeros(ctx.shape, dtype=torch.float64, device=ctx.device)
         for s, g in zip(specs, grads):
             if s.kind == "diff" and g is not None:
                 gx = gx + g.double() * s.c
@@ -713,7 +713,7 @@ def _random_function(specs, style, rec):
         class RandomForward(Function):
             @staticmethod
             def forward(ctx, x):
-                ctx.shape = x.shape
+                ctx.shape, ctx.device = x.shape, x.device
                 output = outputs(x)
                 declare(ctx, output)
                 return output
@@ -728,7 +728,7 @@ def _random_function(specs, style, rec):
 
         @staticmethod
         def setup_context(ctx, inputs, output):
-            ctx.shape = inputs[0].shape
+            ctx.shape, ctx.device = inputs[0].shape, inputs[0].device
             declare(ctx, output)
 
     RandomSetupContext.backward = staticmethod(backward)
