@@ -216,6 +216,15 @@ test)
         python3 "$diff_dir/run.py" --compare "$out/diff-ref.json" "$out/diff-$version.json" \
             --allow "$diff_dir/deviations.txt" | tail -n 1
     done
+    # The accelerator scenarios, on the test device (tools/differential/scenarios_device.py).
+    PYTHONPATH="$root" "$ref_python" "$diff_dir/run.py" --device testdevice --out "$out/diff-device-ref.json" >/dev/null 2>&1
+    for version in $main $oldest; do
+        echo "== differential check on the test device: native $reference and $version + torch_ctxext"
+        TORCH_CTXEXT_IMPORT=1 "$cache/venv-$version/bin/python" "$diff_dir/run.py" --device testdevice \
+            --out "$out/diff-device-$version.json" >/dev/null 2>&1
+        python3 "$diff_dir/run.py" --compare "$out/diff-device-ref.json" "$out/diff-device-$version.json" \
+            --allow "$diff_dir/deviations-device.txt" | sed -n '/^non-None buffers/,$p'
+    done
     echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile) and examples/, native $reference"
     # Where fusion happens in each stack is pinned on $main + torch_ctxext above;
     # native 2.15 is the reference behaviour, so the same tests must pass there.

@@ -1,7 +1,11 @@
 """Run the differential scenarios or compare two result files.
 
-    python run.py --out FILE.json [-k SUBSTRING]
+    python run.py --out FILE.json [-k SUBSTRING] [--device testdevice]
     python run.py --compare A.json B.json [--allow deviations.txt]
+
+``--device NAME`` runs the accelerator scenarios (scenarios_device.py) on
+that device instead of the CPU ones; for ``testdevice`` its module
+(torch_ctxext_testdevice) is imported first, before torch_ctxext.
 
 With TORCH_CTXEXT_IMPORT=1 in the environment, ``import torch_ctxext`` is done
 before the scenarios run (to exercise the backport on older torch).
@@ -19,18 +23,32 @@ def _jsonable(obj):
     return json.loads(json.dumps(obj, default=repr, sort_keys=True))
 
 
-def run(out, k=None):
+DEVICE_MODULES = {"testdevice": "torch_ctxext_testdevice"}
+
+
+def run(out, k=None, device=None):
+    if device:  # the backend before the first backward (torch_ctxext's import runs one)
+        import importlib
+
+        importlib.import_module(DEVICE_MODULES.get(device.split(":")[0], "torch"))
     if os.environ.get("TORCH_CTXEXT_IMPORT") == "1":
         import torch_ctxext  # noqa: F401
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import torch
 
-    import scenarios
-    import scenarios_refusals  # noqa: F401  (registers the q16_ scenarios)
+    if device:
+        import scenarios_device
 
+        scenarios_device.DEVICE = torch.device(device if ":" in device else f"{device}:0")
+        table = scenarios_device.DEVICE_SCENARIOS
+    else:
+        import scenarios
+        import scenarios_refusals  # noqa: F401  (registers the q16_ scenarios)
+
+        table = scenarios.SCENARIOS
     results = {}
-    for name, fn in scenarios.SCENARIOS:
+    for name, fn in table:
         if k and k not in name:
             continue
         try:
@@ -107,6 +125,14 @@ def compare(a_path, b_path, allowed=None):
             print(f"--- {name}")
             print(f"  A: {json.dumps(a[name], sort_keys=True)}")
             print(f"  B: {json.dumps(b[name], sort_keys=True)}")
+    counts = [(n, _exposed(a[n]), _exposed(b[n])) for n in sorted(set(a) & set(b))]
+    counted = [c for c in counts if c[1] is not None]
+    if counted:
+        same = sum(c[1] == c[2] for c in counted)
+        print(f"non-None buffers as in A in {same} of {len(counted)} scenarios that read buffers")
+        for name, in_a, in_b in counted:
+            if in_a != in_b:
+                print(f"    {name}: {in_a} in A, {in_b} in B")
     stale = sorted(n for n in allowed if n in a and n in b and a[n] == b[n])
     for name in stale:
         print(f"--- {name}: listed as a deviation but no longer differs")
@@ -115,10 +141,29 @@ def compare(a_path, b_path, allowed=None):
     return 1 if diff else 0
 
 
+def _exposed(observation):
+    """The number of non-None buffers a scenario saw (None: it read none)."""
+    found = []
+
+    def walk(value):
+        if isinstance(value, dict):
+            if "exposed" in value and isinstance(value["exposed"], (int, bool)):
+                found.append(int(value["exposed"]))
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(observation)
+    return sum(found) if found else None
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out")
     p.add_argument("-k", default=None)
+    p.add_argument("--device", default=None, help="run the accelerator scenarios on this device")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"))
     p.add_argument("--allow", help="file of scenario names allowed to differ")
     args = p.parse_args()
@@ -128,7 +173,7 @@ def main():
         return compare(*args.compare, allowed=load_allowed(args.allow, torch_version))
     if not args.out:
         p.error("--out or --compare is required")
-    return run(args.out, args.k)
+    return run(args.out, args.k, args.device)
 
 
 if __name__ == "__main__":

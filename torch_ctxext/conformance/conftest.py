@@ -105,7 +105,19 @@ def pytest_collection_modifyitems(config, items):
     features = torch_ctxext.features()
     release = _features.torch_release()
     device = _device.selected()
+    exposure = _features.buffer_exposure()
+    # Where torch_ctxext's route on this release leaves accelerator slots, or
+    # slots later producers reach, None, the input_grad_buffers tests written
+    # for the CPU's rules cannot hold on an accelerator; the accelerator tests
+    # check that route instead (docs/compatibility.md).
+    route_limits = device.type != "cpu" and not all(exposure.values())
+    route = _features.routes()["input_grad_buffers"]
     for item in items:
+        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+        if route_limits and module in ("test_input_grad_buffers.py", "test_input_grad_buffers_refusals.py"):
+            item.add_marker(pytest.mark.skip(
+                reason=f"on an accelerator, torch_ctxext's route on this release ({route}) "
+                "leaves these slots None; test_input_grad_buffers_accelerators.py checks it"))
         cpu_only = item.get_closest_marker("cpu_only")
         if cpu_only is not None and device.type != "cpu":
             item.add_marker(pytest.mark.skip(reason=f"CPU only: {cpu_only.args[0]}"))
