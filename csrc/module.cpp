@@ -5,9 +5,14 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 
+#include <dlfcn.h>
+
+#include <string>
+
 #include "boxed_grads.h"
 #include "direct_accumulation.h"
 #include "engine_layout.h"
+#include "fork_safety.h"
 #include "input_grad_buffers.h"
 #include "output_grad_dtype.h"
 
@@ -105,14 +110,74 @@ py::list dtypes_of(const std::vector<int>& scalar_types) {
   return out;
 }
 
+// --- one copy of the extension per process ----------------------------------
+//
+// Each copy of this library (a second path, or a package that vendors
+// torch_ctxext under another name) would hook the engine on its own:
+// libtorch_cpu's GOT entries (validate_outputs, InputBuffer::add) and PyNode's
+// vtable slot hold one function each, and the hook a second copy writes
+// consults only that copy's records, so the first copy's declarations and
+// exposures would silently stop being honoured. The first copy to load
+// claims the hooks in torch._C (one per process, whatever the copies are
+// called; extensions load RTLD_LOCAL, so a symbol would not be seen), and any
+// later one refuses to load, naming both. torch_ctxext/_extension.py checks
+// the same marker before loading and reports the refusal like a failed build.
+constexpr const char* kClaimAttribute = "_torch_ctxext_engine_hooks_owner";
+
+std::string this_library_path() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&this_library_path), &info) == 0 ||
+      info.dli_fname == nullptr) {
+    return "<unknown path>";
+  }
+  return info.dli_fname;
+}
+
+// False, with ImportError set, when another copy claimed the hooks. Plain C
+// API: it runs before pybind11 creates this module (see PyInit__C).
+bool no_other_copy_loaded() {
+  PyObject* torch_c = PyImport_ImportModule("torch._C");
+  if (torch_c == nullptr) {
+    return false;
+  }
+  PyObject* first = PyObject_GetAttrString(torch_c, kClaimAttribute);
+  Py_DECREF(torch_c);
+  if (first == nullptr) {
+    PyErr_Clear();
+    return true;
+  }
+  PyErr_Format(
+      PyExc_ImportError,
+      "torch_ctxext: another copy of torch_ctxext's C++ extension is already "
+      "loaded in this process: %S. This copy, %s, is not loaded: each copy "
+      "hooks the autograd engine itself (libtorch_cpu's GOT, PyNode's vtable) "
+      "and a second copy would replace the first one's hooks. Import a single "
+      "torch_ctxext per process (a library that vendors it should use the "
+      "installed one when present).",
+      first, this_library_path().c_str());
+  Py_DECREF(first);
+  return false;
+}
+
 PyMethodDef input_grad_buffers_def = {
     "input_grad_buffers", input_grad_buffers_getter, METH_O,
     "The engine's gradient buffer for each argument of ctx's Function."};
 
 }  // namespace
 
+// The module's initialisation is named pybind11_PyInit__C (the name
+// PYBIND11_MODULE pastes is rescanned, so this macro renames it), and
+// PyInit__C, below, calls it only when no other copy is loaded: pybind11 2
+// (the headers of torch 2.6, for one) re-initialises the static definition
+// of the module a library created when its PyInit runs again (the same file
+// imported under a second name), which corrupts the loaded module and aborts
+// the process at exit.
+#define PyInit__C pybind11_PyInit__C
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_ctxext engine hooks (internal; use torch_ctxext)";
+  // PyInit__C checked that no other copy claimed the hooks.
+  py::module_::import("torch._C").attr(kClaimAttribute) =
+      this_library_path() + " (module " + m.attr("__name__").cast<std::string>() + ")";
   m.attr("built_for_torch") = TORCH_CTXEXT_BUILT_FOR_TORCH;
   m.attr("built_for_git_version") = TORCH_CTXEXT_BUILT_FOR_GIT;
   py::register_exception_translator([](std::exception_ptr p) {
@@ -231,6 +296,15 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("original"));
   m.def("apply_depth", &torch_ctxext::current_apply_depth);
+  // The process-global locks the engine takes without the GIL, each made
+  // fork-safe (fork_safety.h), and a test-only hook that parks the next
+  // GIL-free acquisition of one inside its region, so that a test can fork
+  // right then (test/test_hardening_fork.py).
+  m.def("fork_safe_locks", &torch_ctxext::fork_safety::names);
+  m.def("_park_next_gil_free_lock", &torch_ctxext::fork_safety::park_next,
+        py::arg("name"), py::arg("milliseconds"));
+  m.def("_lock_parked", &torch_ctxext::fork_safety::is_parked);
+  m.def("_release_parked_lock", &torch_ctxext::fork_safety::release_parked);
   // The name CPython's own errors print for an object's type (tp_name):
   // "str", "Tensor", "numpy.dtypes.Float64DType", "torch.finfo".
   m.def("type_name", [](py::handle obj) {
@@ -244,4 +318,12 @@ PYBIND11_MODULE(_C, m) {
                                             to_scalar_type(dtype));
       },
       py::arg("ctx"), py::arg("index"), py::arg("dtype"));
+}
+#undef PyInit__C
+
+extern "C" PYBIND11_EXPORT PyObject* PyInit__C() {
+  if (!no_other_copy_loaded()) {
+    return nullptr;
+  }
+  return pybind11_PyInit__C();
 }

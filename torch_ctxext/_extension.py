@@ -49,6 +49,34 @@ def _mismatch(built_version, built_git):
     )
 
 
+class AnotherCopyError(ExtensionBuildError):
+    """Another copy of torch_ctxext's extension is already loaded in this
+    process (a second path, or a package that vendors torch_ctxext under
+    another name): this one is not loaded.
+
+    Each copy would hook the autograd engine itself and replace the first
+    copy's hooks (csrc/module.cpp, claim_engine_hooks). An
+    ExtensionBuildError, so that ``import torch_ctxext`` reports it like a
+    failed build: it warns, and features() names both copies.
+    """
+
+
+# Where the first copy to load records itself (csrc/module.cpp): in torch._C,
+# one per process whatever the copies are called.
+HOOKS_OWNER = "_torch_ctxext_engine_hooks_owner"
+
+
+def _another_copy(first, ours):
+    return AnotherCopyError(
+        "torch_ctxext: another copy of torch_ctxext's C++ extension is already "
+        f"loaded in this process: {first}. This copy, {ours}, is not loaded: each "
+        "copy hooks the autograd engine itself (libtorch_cpu's GOT, PyNode's "
+        "vtable) and a second copy would replace the first one's hooks. Import a "
+        "single torch_ctxext per process (a library that vendors it should use "
+        "the installed one when present)."
+    )
+
+
 def _not_built():
     return ImportError(
         "torch_ctxext's C++ extension has not been built for torch "
@@ -81,6 +109,11 @@ def _import(path):
     name = __package__ + "._C"
     if name in sys.modules:
         return sys.modules[name]
+    # The library refuses the same way when loaded; checked here first so that
+    # a second copy is never even mapped, and is reported as unavailable.
+    first = getattr(torch._C, HOOKS_OWNER, None)
+    if first is not None:
+        raise _another_copy(first, f"{path} (module {name})")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

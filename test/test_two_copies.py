@@ -1,0 +1,169 @@
+"""Two copies of torch_ctxext's extension in one process: the second is refused.
+
+Each copy of the library would hook the autograd engine itself (libtorch_cpu's
+GOT entries, PyNode's vtable slot) and consult only its own records, so a
+second copy would silently undo what the first provides (on torch <= 2.9 the
+first copy's set_output_grad_dtype(None) declarations would be cast). The
+first copy to load claims the hooks in torch._C; a later one refuses to load,
+naming both (csrc/module.cpp), and a package that vendors torch_ctxext under
+another name reports the refusal like a failed build: the import succeeds
+and features() says why its members are unavailable.
+
+Each case runs in a subprocess: a refused copy must not leave the test
+process with a claim it cannot undo.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torch_ctxext
+from torch_ctxext import _extension
+
+pytestmark = pytest.mark.skipif(
+    _extension.loaded is None, reason="no extension loaded (native torch 2.15)"
+)
+
+# Checks, in the subprocess, that the first copy still provides what it did.
+FIRST_COPY_INTACT = textwrap.dedent(
+    """
+    import torch
+    from torch.autograd import Function
+
+    class Uncast(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_output_grad_dtype(None)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            ctx.seen = g.dtype
+            return g * 2
+
+    class Linear(Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x @ w
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            _, w_buffer = ctx.input_grad_buffers
+            FUSED.append(w_buffer is not None)
+            if w_buffer is not None:
+                w_buffer.addmm_(x.t(), g)
+                return g @ w.t(), None
+            return g @ w.t(), x.t() @ g
+
+    def first_copy_intact():
+        x = torch.ones(3, requires_grad=True)
+        y = Uncast.apply(x)
+        y.backward(torch.ones(3, dtype=torch.float64))
+        assert y.grad_fn.seen == torch.float64, y.grad_fn.seen
+        w = torch.ones(4, 4, requires_grad=True)
+        sum(Linear.apply(torch.ones(2, 4), w).sum() for _ in range(3)).backward()
+        assert torch.equal(w.grad, torch.full((4, 4), 6.0)), w.grad
+        assert any(FUSED), FUSED
+        print("first copy: intact")
+
+    FUSED = []
+    """
+)
+
+
+def run(script, *args):
+    proc = subprocess.run(
+        [sys.executable, "-c", FIRST_COPY_INTACT + textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_the_same_library_loaded_again_from_another_path_is_refused_naming_both(tmp_path):
+    first = _extension.loaded.path
+    second = tmp_path / os.path.basename(first)
+    shutil.copyfile(first, second)
+    code, output = run(
+        """
+        import importlib.util, sys
+        import torch_ctxext
+        from torch_ctxext import _extension
+        first_copy_intact()
+        for name, path in (("vendored._C", sys.argv[1]), ("vendored_again._C", sys.argv[2])):
+            spec = importlib.util.spec_from_file_location(name, path)
+            try:
+                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            except ImportError as error:
+                print("refused:", error)
+            else:
+                print("loaded a second copy:", path)
+        first_copy_intact()
+        """,
+        str(second),
+        first,  # the very same file, under another module name
+    )
+    assert code == 0, output
+    assert "loaded a second copy" not in output, output
+    assert output.count("first copy: intact") == 2, output
+    assert output.count(
+        "refused: torch_ctxext: another copy of torch_ctxext's C++ extension is "
+        f"already loaded in this process: {first} (module torch_ctxext._C). This copy, "
+    ) == 2, output
+    assert f"This copy, {second}, is not loaded" in output, output
+    assert f"This copy, {first}, is not loaded" in output, output
+    assert "a second copy would replace the first one's hooks" in output, output
+
+
+def test_a_vendored_copy_of_the_package_reports_the_refusal_in_features(tmp_path):
+    # A copy of the package under another name, as a library that vendors
+    # torch_ctxext ships it. It loads an extension only for a member still
+    # missing (one the installed copy does not provide, say a newer member):
+    # simulated by hiding the first copy's input_grad_buffers while the
+    # vendored copy is imported.
+    shutil.copytree(
+        os.path.dirname(torch_ctxext.__file__),
+        tmp_path / "vendored_ctxext",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    code, output = run(
+        """
+        import sys, warnings
+        sys.path.insert(0, sys.argv[1])
+        import torch_ctxext
+        from torch.autograd.function import FunctionCtx
+        first_copy_intact()
+        hidden = FunctionCtx.__dict__["input_grad_buffers"]
+        del FunctionCtx.input_grad_buffers
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import vendored_ctxext
+        for w in caught:
+            print("warned:", w.category.__name__, w.message)
+        print("vendored features:", vendored_ctxext.features()["input_grad_buffers"])
+        FunctionCtx.input_grad_buffers = hidden
+        print("vendored loaded:", "vendored_ctxext._C" in sys.modules)
+        print("first features:", torch_ctxext.features()["input_grad_buffers"])
+        first_copy_intact()
+        """,
+        str(tmp_path),
+    )
+    assert code == 0, output
+    path = _extension.loaded.path
+    refusal = (
+        "torch_ctxext: another copy of torch_ctxext's C++ extension is already "
+        f"loaded in this process: {path} (module torch_ctxext._C). This copy, "
+        f"{path} (module vendored_ctxext._C), is not loaded"
+    )
+    assert f"vendored features: unavailable: {refusal}" in output, output
+    assert f"warned: ExtensionUnavailableWarning {refusal}" in output, output
+    assert "vendored loaded: False" in output, output
+    assert "first features: torch_ctxext" in output, output
+    assert output.count("first copy: intact") == 2, output
