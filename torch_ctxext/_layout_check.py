@@ -9,7 +9,16 @@ a distribution passes it with a different layout. So before anything is
 installed, a probe Function is run and everything the extension reads of it
 is compared with what Python knows of it. A member whose structures do not
 read back as expected is not installed; ``features()`` says why.
+
+The probe runs inside whatever the importing code is doing: under
+``no_grad`` or ``inference_mode``, inside a custom backward, under autocast,
+a TorchDispatchMode or FakeTensorMode, inside a functorch transform, while
+Dynamo traces the frame that imports. :func:`probe_modes` gives it the modes
+it needs and hides the importer's, so that the probe reads the same facts
+in every case (and the importer's modes see none of its operations).
 """
+import contextlib
+
 import torch
 from torch.autograd import Function
 
@@ -42,11 +51,37 @@ class _Probe(Function):
         return g, None, None
 
 
+@contextlib.contextmanager
+def probe_modes():
+    """The thread-local state an import-time probe needs, whatever the
+    importer's: grad mode on and outside inference mode (else the probe
+    builds no graph), no autocast (it would change the probe's dtypes), no
+    functorch transform (its Function would need setup_context, and backward
+    is refused inside grad transforms), no TorchDispatchMode, fake or proxy
+    mode and no TorchFunctionMode such as ``torch.device("meta")`` (the
+    importer's mode must neither see nor change the probe's operations).
+    Everything is restored on exit. Deterministic algorithms and anomaly
+    mode need nothing: the probe runs the same under them."""
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(temporarily_clear_interpreter_stack())
+        stack.enter_context(torch._C._DisableFuncTorch())
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        stack.enter_context(torch._C.DisableTorchFunction())
+        stack.enter_context(_disable_current_modes())
+        stack.enter_context(torch._C._DisableTorchDispatch())
+        yield
+
+
 def _mismatches(ext):
     """{structure: what did not read back as expected}."""
     found = {}
-    x = torch.ones(SHAPE, dtype=torch.float32, requires_grad=True)
-    frozen = torch.ones(SHAPE, dtype=torch.float64)
+    x = torch.ones(SHAPE, dtype=torch.float32, device="cpu", requires_grad=True)
+    frozen = torch.ones(SHAPE, dtype=torch.float64, device="cpu")
     out, _ = _Probe.apply(x, 7, frozen)
     ctx = out.grad_fn
     facts = ext.read_ctx_layout(ctx)
@@ -75,7 +110,7 @@ def _mismatches(ext):
     _Probe.tasks = []
     out.sum().backward()
     (task,) = _Probe.tasks
-    x2 = torch.ones(SHAPE, requires_grad=True)
+    x2 = torch.ones(SHAPE, dtype=torch.float32, device="cpu", requires_grad=True)
     out2, _ = _Probe.apply(x2, 7, frozen)
     torch.autograd.grad(out2.sum(), [x2], create_graph=True)
     task_grad = _Probe.tasks[-1]
@@ -94,7 +129,8 @@ def unavailable_members(ext):
     """{member: reason} for the members whose structures did not read back
     as expected on this torch (empty when all did)."""
     try:
-        found = _mismatches(ext)
+        with probe_modes():
+            found = _mismatches(ext)
     except Exception as e:  # a probe that cannot even run: trust nothing
         found = {part: f"the layout probe failed ({type(e).__name__}: {e})" for part in ("ctx", "node", "metadata", "task")}
     return verdicts(found)
