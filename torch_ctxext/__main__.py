@@ -17,10 +17,17 @@ def _info(_args):
     import torch
 
     import torch_ctxext
-    from torch_ctxext import _features, _report
+    from torch_ctxext import _build, _features, _report
 
     print(_report.info_table(torch_ctxext.features(), torch.__version__, torch.version.git_version,
                              _features.routes()))
+    failure = _build.last_failure
+    if failure is not None:  # which failures the cache remembers, and until when
+        if failure.remembered:
+            print(f"build failure  remembered (a compile error): later imports report it "
+                  f"without compiling until `{_build.REBUILD}`")
+        else:
+            print("build failure  not remembered (it may not recur): the next import tries again")
     return 0
 
 

@@ -11,9 +11,17 @@ Several processes importing at once (the ranks of a job) build once: the
 first takes a file lock and builds, the others wait for it and load. A build
 is compiled in a private directory and published by renaming that directory,
 so a build killed half-way leaves nothing a later import would load (the next
-builder removes the remains). A failed build is recorded, so that waiting
-processes and later imports report it at once instead of compiling again;
-``python -m torch_ctxext build --force`` tries again.
+builder removes the remains). A build that failed with a compile error is
+recorded, so that waiting processes and later imports report it at once
+instead of compiling again; ``python -m torch_ctxext build --force`` tries
+again. A failure that may not recur (the compiler or the build killed by a
+signal, e.g. for memory; the disk full) is not recorded: the next import
+builds again.
+
+No wait is unbounded: a process waits for another's build at most
+$TORCH_CTXEXT_BUILD_TIMEOUT seconds (default 600), then leaves the members
+unavailable, as for a failed build. The lock file names its holder (pid,
+host), so that a waiter says at once when the holder is stopped or gone.
 """
 import contextlib
 import datetime
@@ -23,6 +31,8 @@ import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +44,18 @@ from . import _build_cache, _sources
 from ._build_cache import LIBRARY, RECORD
 
 ENV_JIT = "TORCH_CTXEXT_JIT"
+ENV_TIMEOUT = "TORCH_CTXEXT_BUILD_TIMEOUT"
 REBUILD = "python -m torch_ctxext build --force"
+# How long an import waits for another process's build of the same extension.
+# A build takes about a minute on 2 idle cores and was measured at 2.5 min on
+# a loaded 2-core CI machine; 600 s is four times that. A builder that has not
+# finished by then is almost certainly stuck (stopped with Ctrl-Z, hung on a
+# network filesystem) rather than slow, and a waiter is better off importing
+# without the members than hanging the job. Waiting processes all time out
+# about together, so the ranks of a job still agree with each other.
+DEFAULT_TIMEOUT = 600.0
+# How often a waiter tries the lock again and looks at its holder.
+_POLL = 0.2
 
 
 class ExtensionBuildError(ImportError):
@@ -46,12 +67,41 @@ class ExtensionBuildError(ImportError):
     (:class:`~torch_ctxext._features.ExtensionUnavailableWarning`) and reports
     the members that need the extension unavailable; ``python -m torch_ctxext
     build`` prints it and exits with 1.
+
+    ``remembered`` says whether the failure was recorded in the build cache
+    (a compile error: later imports report it without compiling, until
+    ``python -m torch_ctxext build --force``) or not (a failure that may not
+    recur, or a wait that timed out: the next import tries again).
     """
+
+    remembered = False
 
 
 def jit_enabled():
     """False when $TORCH_CTXEXT_JIT is 0: never compile at import."""
     return os.environ.get(ENV_JIT, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def build_timeout():
+    """Seconds to wait for another process's build: $TORCH_CTXEXT_BUILD_TIMEOUT
+    (``inf``: no bound), else DEFAULT_TIMEOUT. A value that is not a
+    non-negative number is said and ignored: an import never fails over it."""
+    value = os.environ.get(ENV_TIMEOUT, "").strip()
+    if not value:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        _say(f"ignoring {ENV_TIMEOUT}={value!r} (not a number of seconds); waiting at most {DEFAULT_TIMEOUT:.0f} s")
+        return DEFAULT_TIMEOUT
+    return seconds
+
+
+# What became of the last build this process tried (``python -m torch_ctxext
+# info``): None, or the ExtensionBuildError it raised.
+last_failure = None
 
 
 # --------------------------------------------------------------------------
@@ -182,15 +232,55 @@ def _first_error(log):
     return tail[-1] if tail else "the build stopped without output"
 
 
-def _failure(what, log):
-    return ExtensionBuildError(
+def _failure(what, log, remembered=False, note=""):
+    error = ExtensionBuildError(
         f"torch_ctxext could not build its C++ extension for torch {torch.__version__}: "
         f"{what}. Build log: {log}. Without it, the members of the ctx contract "
         "torch_ctxext adds to this torch are unavailable (torch_ctxext.features() "
         "says which); build it where a compiler is available with "
         "`python -m torch_ctxext build` (TORCH_CTXEXT_CACHE picks where it goes), "
-        "or install a wheel built for this torch."
+        "or install a wheel built for this torch." + (f" {note}" if note else "")
     )
+    error.remembered, error.what = remembered, what
+    return error
+
+
+# A compiler's line that says it did not fail on the code: it was killed (the
+# kernel's out-of-memory killer: "Killed signal terminated program cc1plus"),
+# crashed, or ran out of memory or disk. Such a failure may not recur.
+_NOT_THE_CODE = re.compile(
+    r"Killed signal|terminated program|internal compiler error|out of memory|"
+    r"memory exhausted|Cannot allocate memory|No space left on device|Segmentation fault",
+    re.I,
+)
+
+
+def _compile_failure(code, log):
+    """The ExtensionBuildError for a compile that exited with ``code``. Only a
+    deterministic compile error (the child exited with an error status and
+    the compiler said ``error:`` about the code) is ``remembered``: anything
+    else (killed by a signal, for memory, the disk full, no diagnostic) may
+    not recur, and the next import builds again."""
+    first = _first_error(log)
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = f"the build was killed by {name}"
+    elif _NOT_THE_CODE.search(first):
+        why = "the compiler was killed or ran out of resources, not stopped by an error in the code"
+    elif code > 0 and re.search(r"\b(fatal error|error):", first):
+        return _failure(first, log, remembered=True, note=(
+            "This is a compile error: it is recorded, and later imports report it "
+            f"without compiling until `{REBUILD}`."
+        ))
+    else:
+        why = "the build stopped without a compile error"
+    return _failure(first, log, note=(
+        f"This failure may not recur ({why}), so it is not recorded: the next "
+        "import builds again."
+    ))
 
 
 def _write_log_header(log, key, csrc, reason):
@@ -207,17 +297,149 @@ def _write_log_header(log, key, csrc, reason):
         )
 
 
+def _pid_namespace():
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _proc_stat(pid):
+    """(state letter, start time in clock ticks) of ``pid`` (or
+    ``pid/task/tid``) from /proc, or None if there is no such process here."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2:].split()  # after "pid (comm) ", comm may hold anything
+        return fields[0].decode(), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _threads_state(pid, state):
+    """The holder's state, ``T`` if any of its threads is stopped: a stopped
+    process whose main thread was in an uninterruptible wait (a vfork for
+    its compiler, whose child was stopped too) shows ``D`` there for good."""
+    if state in "Tt":
+        return state
+    try:
+        threads = os.listdir(f"/proc/{int(pid)}/task")
+    except OSError:
+        return state
+    for tid in threads:
+        stat = _proc_stat(f"{int(pid)}/task/{tid}")
+        if stat and stat[0] in "Tt":
+            return stat[0]
+    return state
+
+
+def _identity():
+    """This process, as the lock file records its holder."""
+    stat = _proc_stat(os.getpid())
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "pid_namespace": _pid_namespace(),
+        "start": stat[1] if stat else None,
+        "since": _now(),
+    }
+
+
+def _read_holder(fd):
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0) or b"null")
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
+
+
+def _holder_state(holder):
+    """(what can be said of the lock's holder, how it stands): "stopped",
+    "gone", "blocked" (state D) or "running" where it can be looked at (same
+    host and pid namespace), else "unknown"."""
+    if holder is None:
+        return "a process that did not say which (the lock file names none)", "unknown"
+    who = f"pid {holder['pid']} on {holder.get('host', 'an unknown host')}"
+    if holder.get("host") != socket.gethostname() or holder.get("pid_namespace") != _pid_namespace():
+        return who, "unknown"
+    stat = _proc_stat(int(holder["pid"]))
+    if stat is None or stat[0] in "ZX" or (holder.get("start") is not None and stat[1] != holder["start"]):
+        return (
+            f"{who}, which has exited; the lock is still held, by a process that "
+            "inherited its file (a child it forked)", "gone",
+        )
+    state = _threads_state(holder["pid"], stat[0])
+    if state in "Tt":
+        return (
+            f"{who}, which is stopped (state {state}): "
+            f"resume it (`kill -CONT {holder['pid']}`, or `fg` in its shell) or end it", "stopped",
+        )
+    if state == "D":
+        return f"{who}, in uninterruptible sleep (state D: waiting on a device or a network filesystem)", "blocked"
+    return who, "running"
+
+
+def _try_lock(fd):
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _wait_for_lock(fd, on_wait, timeout):
+    """Poll the lock until it is ours or ``timeout`` seconds have passed
+    (polling, not a blocking flock with an alarm: SIGALRM is the main
+    thread's, and an import may run on any). Say at once what the holder is,
+    and again whenever that changes to stopped, gone or blocked; return
+    whether the lock was taken, and what was last said of the holder."""
+    deadline = time.monotonic() + timeout
+    holder, state = _holder_state(_read_holder(fd))
+    on_wait(holder)
+    said, previous = (holder, state), None
+    while True:
+        if _try_lock(fd):
+            return True, holder
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, holder
+        holder, state = _holder_state(_read_holder(fd))
+        # Said once it has been seen twice in a row: a new holder writes its
+        # record just after taking the lock, and a waiter must not report
+        # the previous holder's record as the new one gone.
+        if (holder, state) == previous and (holder, state) != said and state != "unknown":
+            _say(f"the build it waits for: {holder}")
+            said = (holder, state)
+        previous = (holder, state)
+        time.sleep(min(_POLL, left))
+
+
+class _LockTimeout(Exception):
+    def __init__(self, holder, timeout):
+        super().__init__(holder, timeout)
+        self.holder, self.timeout = holder, timeout
+
+
 @contextlib.contextmanager
-def _locked(path, on_wait):
-    """An exclusive flock on ``path``; the kernel releases it if we die."""
+def _locked(path, on_wait, timeout):
+    """An exclusive flock on ``path``, waited for at most ``timeout`` seconds
+    (else _LockTimeout); the kernel releases it if we die. While it is held,
+    the file names its holder (pid, host, pid namespace, start time), so
+    that waiters can tell a stopped or vanished holder from a slow one."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        if not _try_lock(fd):
+            taken, holder = _wait_for_lock(fd, on_wait, timeout)
+            if not taken:
+                raise _LockTimeout(holder, timeout)
+        with contextlib.suppress(OSError):  # advisory: a full disk must not stop the build
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(_identity()) + "\n").encode(), 0)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            on_wait()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # released: no holder to name
     finally:
         os.close(fd)
 
@@ -261,7 +483,7 @@ def _compile(partial, csrc, log):
         finally:
             progress.close()
     if code != 0 or not os.path.isfile(os.path.join(partial, LIBRARY)):
-        raise _failure(_first_error(log), log)
+        raise _compile_failure(code, log)
 
 
 def _now():
@@ -313,8 +535,28 @@ def _publish(partial, final, record):
 def build(reason, force=False):
     """Return (path of the build for the running torch, whether this call
     built it): built now if the cache has none (or ``force``), else the one
-    there, possibly made by another process while this one waited for it.
-    Raises ExtensionBuildError."""
+    there, possibly made by another process while this one waited for it
+    (at most $TORCH_CTXEXT_BUILD_TIMEOUT seconds).
+
+    Raises ExtensionBuildError, and nothing else an import could not
+    expect: an OSError on the way (a full disk, a cache that vanished)
+    becomes one too, and is not recorded."""
+    global last_failure
+    try:
+        return _build(reason, force)
+    except ExtensionBuildError as e:
+        last_failure = e
+        raise
+    except OSError as e:
+        last_failure = _failure(
+            f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else ""),
+            getattr(e, "torch_ctxext_log", "none written"),
+            note="This failure may not recur, so it is not recorded: the next import builds again.",
+        )
+        raise last_failure from e
+
+
+def _build(reason, force):
     csrc = _sources.csrc_dir()
     if csrc is None:
         raise ExtensionBuildError(
@@ -331,50 +573,91 @@ def build(reason, force=False):
     log = _check_can_build(root, key, csrc, reason)
     lock = os.path.join(root, key + ".lock")
     failed = os.path.join(root, key + ".failed")
+    timeout = build_timeout()
 
-    def waiting():
-        _say(f"waiting for another process that is building the extension for torch {torch.__version__} (lock {lock})")
-
-    with _locked(lock, waiting):
-        if os.path.isfile(library) and not force:
-            return library, False  # built by the process we waited for
-        if os.path.isfile(failed) and not force:
-            with open(failed) as f:
-                recorded = json.load(f)
-            raise ExtensionBuildError(f"{recorded['message']} (recorded at {recorded['when']}; `{REBUILD}` tries again)")
-        for stale in os.listdir(root):  # remains of builds killed half-way
-            if stale.startswith((key + ".partial-", key + ".old-")):
-                shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
-        _write_log_header(log, key, csrc, reason)
+    def waiting(holder):
         _say(
-            f"building its C++ extension for torch {torch.__version__} "
-            f"(git {(torch.version.git_version or 'unknown')[:12]}): {reason}. "
-            f"About a minute, once; later imports load it from {root}. Log: {log}"
+            f"waiting for another process that is building the extension for torch {torch.__version__}: "
+            f"{holder} (lock {lock}); at most {timeout:.0f} s (${ENV_TIMEOUT})"
         )
-        partial = tempfile.mkdtemp(prefix=key + ".partial-", dir=root)
-        start = time.monotonic()
-        try:
-            _compile(partial, csrc, log)
-        except BaseException as e:
-            shutil.rmtree(partial, ignore_errors=True)
-            if isinstance(e, ExtensionBuildError):  # recorded for the waiting and the later
-                with open(failed + ".tmp", "w") as f:
-                    json.dump({"message": str(e), "when": _now(), "log": log}, f)
-                os.replace(failed + ".tmp", failed)
-            raise
-        seconds = time.monotonic() - start
-        _publish(partial, final, {
-            "torch": torch.__version__,
-            "torch_git": torch.version.git_version,
-            "python": sys.implementation.cache_tag,
-            "fingerprint": _build_cache.fingerprint(csrc),
-            "sources": [os.path.basename(s) for s in _sources.sources(csrc)],
-            "csrc": csrc,
-            "built_at": _now(),
-            "seconds": round(seconds, 1),
-            "log": log,
-        })
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(failed)
-        _say(f"built in {seconds:.0f} s: {library}")
-        return library, True
+
+    try:
+        with _locked(lock, waiting, timeout):
+            return _build_holding_the_lock(reason, force, csrc, root, key, log, failed)
+    except _LockTimeout as e:
+        error = ExtensionBuildError(
+            f"torch_ctxext could not load its C++ extension for torch {torch.__version__}: "
+            f"it waited {e.timeout:.0f} s (${ENV_TIMEOUT}) for the build of {e.holder} "
+            f"(lock {lock}, its log {log}) and gave up. Without it, the members of the ctx "
+            "contract torch_ctxext adds to this torch are unavailable in this process "
+            "(torch_ctxext.features() says which). This is not recorded: the next import "
+            f"loads that build if it is done, or waits again; set {ENV_TIMEOUT} to wait longer."
+        )
+        raise error from None
+    except OSError as e:
+        e.torch_ctxext_log = log
+        raise
+
+
+def _build_holding_the_lock(reason, force, csrc, root, key, log, failed):
+    final = os.path.join(root, key)
+    library = os.path.join(final, LIBRARY)
+    if os.path.isfile(library) and not force:
+        return library, False  # built by the process we waited for
+    if os.path.isfile(failed) and not force:
+        with open(failed) as f:
+            recorded = json.load(f)
+        error = ExtensionBuildError(f"{recorded['message']} (recorded at {recorded['when']}; `{REBUILD}` tries again)")
+        error.remembered = True
+        raise error
+    for stale in os.listdir(root):  # remains of builds killed half-way
+        if stale.startswith((key + ".partial-", key + ".old-")):
+            shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
+    _write_log_header(log, key, csrc, reason)
+    _say(
+        f"building its C++ extension for torch {torch.__version__} "
+        f"(git {(torch.version.git_version or 'unknown')[:12]}): {reason}. "
+        f"About a minute, once; later imports load it from {root}. Log: {log}"
+    )
+    partial = tempfile.mkdtemp(prefix=key + ".partial-", dir=root)
+    start = time.monotonic()
+    try:
+        _compile(partial, csrc, log)
+    except BaseException as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(e, ExtensionBuildError) and e.remembered:  # for the waiting and the later
+            raise _record_failure(failed, e, log) from None
+        raise
+    seconds = time.monotonic() - start
+    _publish(partial, final, {
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "python": sys.implementation.cache_tag,
+        "fingerprint": _build_cache.fingerprint(csrc),
+        "sources": [os.path.basename(s) for s in _sources.sources(csrc)],
+        "csrc": csrc,
+        "built_at": _now(),
+        "seconds": round(seconds, 1),
+        "log": log,
+    })
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(failed)
+    _say(f"built in {seconds:.0f} s: {library}")
+    return library, True
+
+
+def _record_failure(failed, error, log):
+    """Record a compile error for later imports; return the error to raise.
+    If it cannot be written (a full disk), that error says so and is not
+    remembered: the next import compiles again and meets it again."""
+    try:
+        with open(failed + ".tmp", "w") as f:
+            json.dump({"message": str(error), "when": _now(), "log": log}, f)
+        os.replace(failed + ".tmp", failed)
+        return error
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(failed + ".tmp")
+        return _failure(error.what, log, note=(
+            f"It could not be recorded ({e.strerror}), so the next import compiles again."
+        ))
