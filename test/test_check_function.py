@@ -825,6 +825,17 @@ def test_vmap_rule_is_checked_batched_and_per_sample():
                      rule="vmap.matches_loop", says=["differs from the loop over the batch"])
 
 
+def test_an_in_place_function_batched_by_its_vmap_rule_gets_fresh_inputs_for_every_run():
+    """A correct Function that changes its input in place (mark_dirty) and
+    whose vmap staticmethod applies it to the batched input: the batched run
+    and the per-sample loop each get their own copy (sharing one, the loop
+    scaled what the batched run had already scaled)."""
+    case = next(c for c in corpus.CASES if c.id == "frozen_batch_norm_in_place_with_vmap_rule")
+    (result,) = check_function(case.function, *case.args()).results_for("vmap")
+    assert result.status == "passed", result.detail
+    assert "outputs and per-sample gradients match a loop over the batch" in result.detail
+
+
 def test_vmap_rule_on_a_forward_that_takes_ctx_is_caught():
     class OldStyleWithGeneratedVmap(Exp):
         generate_vmap_rule = True

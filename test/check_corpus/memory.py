@@ -1,8 +1,9 @@
 """Functions that trade memory for compute or for a single use: activation
 checkpointing with dropout (Megatron style), a fused cross-entropy that
 computes its gradient in forward and scales it in place in backward (Liger
-style), a kernel wrapper that frees its workspace in backward, and boxed
-backwards that free each gradient once used."""
+style), a kernel wrapper that frees its workspace in backward, boxed
+backwards that free each gradient once used, and a frozen batch norm that
+scales and shifts its input in place, batched by a vmap staticmethod."""
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -135,7 +136,36 @@ def _cross_entropy_args():
     return (sample(4, 5, scale=2.0), torch.tensor([1, 0, 4, 2]))
 
 
+class FrozenBatchNormInPlace(torch.autograd.Function):
+    """A frozen batch norm folded into a scale and a shift, applied to x in
+    place (no second activation in memory); elementwise, so its vmap
+    staticmethod applies it to the batched x. Not idempotent: a second run
+    on the same tensor scales it twice."""
+
+    @staticmethod
+    def forward(x, scale, shift):
+        return x.mul_(scale).add_(shift)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, scale, _ = inputs
+        ctx.mark_dirty(x)
+        ctx.scale = scale
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output * ctx.scale, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, scale, shift):
+        return FrozenBatchNormInPlace.apply(x, scale, shift), in_dims[0]
+
+
 CASES = [
+    Case("frozen_batch_norm_in_place_with_vmap_rule", "in place (mark_dirty) with a vmap staticmethod",
+         FrozenBatchNormInPlace, lambda: (sample(3, 4), 1.5, -0.25),
+         "correct: marked dirty, batched and per sample (each run must get its own copy "
+         "of the input it changes)"),
     Case("checkpoint_restores_rng", "activation checkpointing", CheckpointFunction,
          _checkpoint_args, "correct: the recomputation draws the same dropout mask"),
     Case("checkpoint_forgets_rng", "activation checkpointing", CheckpointForgetsRngState,

@@ -14,6 +14,14 @@ def as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 
 
+def fresh_copies(args):
+    """A copy of every tensor in ``args`` (other values as they are): what
+    one run of the Function under check gets, so that a forward that
+    changes an input in place (mark_dirty) changes nothing another run
+    sees."""
+    return [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
 def same_values(a, b):
     """Equal values, NaN equal to NaN."""
     try:

@@ -1,12 +1,17 @@
 """Rules of ``torch.func.vmap`` for a Function that defines a vmap rule (a
 ``vmap`` staticmethod, or ``generate_vmap_rule = True``): batched, it gives
 what it gives sample by sample, for its outputs and, through
-``torch.func.grad``, for its gradients (per-sample gradients)."""
+``torch.func.grad``, for its gradients (per-sample gradients).
+
+The batched run and each per-sample run get their own copies of the
+arguments: a Function that changes its input in place (mark_dirty), batched
+by a vmap staticmethod that applies it to the batched input, must not give
+the loop the inputs the batched run changed."""
 import warnings
 
 import torch
 
-from ._common import as_tuple, error_text, is_float
+from ._common import as_tuple, error_text, fresh_copies, is_float
 from ._function_info import defines_vmap, uses_setup_context
 from .report import FAILED, PASSED, SKIPPED, register
 
@@ -119,15 +124,14 @@ def _outputs_differ(subject, call, batched, in_dims):
     try:
         with subject.seeded(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            got = torch.func.vmap(call, in_dims=in_dims)(*batched)
+            got = torch.func.vmap(call, in_dims=in_dims)(*fresh_copies(batched))
     except Exception as exc:  # noqa: BLE001 - reported
         return f"torch.func.vmap raised {error_text(exc)}", _FIX
     loop = []
     try:
         for b in range(BATCH):
             with subject.seeded():
-                loop.append(call(*[a.clone() if isinstance(a, torch.Tensor) else a
-                                   for a in _per_sample(batched, in_dims, b)]))
+                loop.append(call(*fresh_copies(_per_sample(batched, in_dims, b))))
     except Exception as exc:  # noqa: BLE001 - reported
         return f"the Function raised on one sample of the batch: {error_text(exc)}", _FIX
     if len(got) != len(loop[0]):
@@ -148,7 +152,11 @@ def _gradients_differ(subject, batched, in_dims):
     outputs = subject.differentiable_outputs
 
     def loss(*args):
-        outs = as_tuple(subject.fn.apply(*args))
+        # Clones of the inputs it differentiates by (functorch's and the
+        # loop's leaves): forward may change them in place, which a leaf
+        # that requires grad refuses; the gradient flows through the clone.
+        outs = as_tuple(subject.fn.apply(*[a.clone() if isinstance(a, torch.Tensor) else a
+                                           for a in args]))
         return sum((outs[k] * (k + 1)).sum().real if outs[k].is_complex()
                    else (outs[k] * (k + 1)).sum() for k in outputs)
 
@@ -156,7 +164,7 @@ def _gradients_differ(subject, batched, in_dims):
         with subject.seeded(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             got = torch.func.vmap(torch.func.grad(loss, argnums=tuple(positions)),
-                                  in_dims=in_dims)(*batched)
+                                  in_dims=in_dims)(*fresh_copies(batched))
     except Exception as exc:  # noqa: BLE001 - reported
         return (f"per-sample gradients (vmap of torch.func.grad) raised {error_text(exc)}",
                 "backward must work on the batched tensors vmap gives it: use torch "
@@ -164,8 +172,7 @@ def _gradients_differ(subject, batched, in_dims):
     for n, i in enumerate(positions):
         rows = []
         for b in range(BATCH):
-            args = [a.detach().clone() if isinstance(a, torch.Tensor) else a
-                    for a in _per_sample(batched, in_dims, b)]
+            args = fresh_copies(_per_sample(batched, in_dims, b))
             args[i].requires_grad_(True)
             try:
                 with subject.seeded():
