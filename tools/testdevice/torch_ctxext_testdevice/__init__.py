@@ -172,4 +172,21 @@ def counters():
     return _C.counters()
 
 
+def _check_engine_threads():
+    """The engine must run a thread for the device: it counts the devices of
+    every registered backend at the first backward() of the process, once."""
+    x = torch.ones(1, device=NAME, requires_grad=True)
+    try:
+        (x * 2).sum().backward()
+    except RuntimeError as e:
+        if "device_ready_queues_" not in str(e):
+            raise
+        raise ImportError(
+            "torch_ctxext_testdevice was imported after the first backward() of this "
+            "process, so the autograd engine runs no thread for it: import it before "
+            "anything runs backward (import torch_ctxext runs one too)"
+        ) from None
+
+
 _register()
+_check_engine_threads()
