@@ -3,7 +3,10 @@
 ``info``   what the running torch provides natively and what torch_ctxext adds;
            which build of the C++ extension is loaded, from where, for which torch.
 ``check``  run the conformance suite against the installed torch and report,
-           per member of the contract, who provides it and what passed.
+           per member of the contract, who provides it and what passed
+           (``--device`` puts the suite's tensors on another device; ``-v``
+           shows pytest's own output). Exit status: 0 conforms, 1 does not
+           conform, 2 could not run.
 ``build``  build the C++ extension for the running torch into the cache now,
            ahead of the first import (images, clusters without a compiler on
            the nodes); ``--force`` builds it again.
@@ -72,10 +75,16 @@ def _check(args):
         return 2
     from torch_ctxext import _report
 
-    report = _report.run_suite(select=args.k, extra_pytest_args=args.pytest_args, device=str(device))
+    print(f"running the ctx contract conformance suite (device {_device.describe()})")
+    report = _report.run_suite(
+        select=args.k, extra_pytest_args=args.pytest_args, device=str(device),
+        verbose=args.verbose, progress=sys.stdout,
+    )
     print(_report.format_report(report))
     if args.json:
         _report.write_json(report, args.json)
+    if not report["ran"]:
+        return 2  # could not run: pytest's own output above says why
     return 0 if report["conforms"] else 1
 
 
@@ -111,6 +120,10 @@ def main(argv=None):
     )
     check.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     check.add_argument("-k", metavar="EXPR", help="select tests like pytest -k")
+    check.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="show pytest's own output (each test, warnings, tracebacks) as it runs",
+    )
     check.add_argument(
         "--device",
         metavar="DEVICE",

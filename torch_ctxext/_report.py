@@ -56,10 +56,26 @@ def info_table(features, torch_version, torch_git_version, routes=None):
 
 
 class _Collector:
-    """A pytest plugin recording each test's outcome under its member."""
+    """A pytest plugin recording each test's outcome under its member, and
+    the warnings the suite's tests raised; with ``progress``, it prints a
+    line per member as the member's last test finishes."""
 
-    def __init__(self):
+    def __init__(self, progress=None):
         self.results = []
+        self.warnings = {}  # (category, message) -> number of tests
+        self.progress = progress  # a writable stream, or None
+        self.totals = {}
+        self.done = {}
+
+    def pytest_collection_finish(self, session):
+        for item in session.items:
+            member = member_of_test_module(os.path.basename(item.nodeid.split("::")[0]))
+            self.totals[member] = self.totals.get(member, 0) + 1
+
+    def pytest_warning_recorded(self, warning_message, when, nodeid, location):
+        message = str(warning_message.message).strip().splitlines()[0]
+        key = (warning_message.category.__name__, message)
+        self.warnings[key] = self.warnings.get(key, 0) + 1
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call" or (report.when == "setup" and not report.passed):
@@ -74,33 +90,86 @@ class _Collector:
                 outcome = "xfailed"
             else:
                 outcome = report.outcome
+            reason = ""
+            if outcome == "failed":
+                crash = getattr(report.longrepr, "reprcrash", None)
+                reason = crash.message.splitlines()[0] if crash is not None else str(report.longrepr).splitlines()[-1]
             self.results.append(
-                {"test": report.nodeid, "member": member, "outcome": outcome}
+                {"test": report.nodeid, "member": member, "outcome": outcome, "reason": reason}
             )
+            self._advance(member)
+
+    def _advance(self, member):
+        self.done[member] = self.done.get(member, 0) + 1
+        if self.progress is None or self.done[member] != self.totals.get(member):
+            return
+        rows = [r for r in self.results if r["member"] == member]
+        counts = [
+            f"{n} {word}"
+            for word, n in (
+                ("passed", sum(r["outcome"] == "passed" for r in rows)),
+                ("failed", sum(r["outcome"] == "failed" for r in rows)),
+                ("skipped", sum(r["outcome"] in ("skipped", "xfailed") for r in rows)),
+                ("upstream deviations", sum(r["outcome"] == "deviation" for r in rows)),
+            )
+            if n
+        ]
+        finished = sum(1 for m, n in self.done.items() if n == self.totals.get(m))
+        self.progress.write(f"[{finished:>2}/{len(self.totals)}] {member:<25}{', '.join(counts)}\n")
+        self.progress.flush()
 
 
-def run_suite(select=None, extra_pytest_args=(), device="cpu"):
+# pytest's exit codes that mean the suite ran (the verdict says how it went).
+_RAN = (0, 1)
+
+
+def run_suite(select=None, extra_pytest_args=(), device="cpu", verbose=False, progress=None):
     """Run the suite in this process, with its tensors on ``device``; return
-    the report as a dict."""
+    the report as a dict.
+
+    Quiet by default: pytest's own output is kept back and shown (on
+    stderr) only when the suite could not run; ``progress`` (a stream) gets
+    a line per member. ``verbose`` shows pytest's output as it comes.
+    """
+    import contextlib
+    import io
+
     import pytest
 
     import torch_ctxext
     from .conformance import _device
 
-    collector = _Collector()
+    collector = _Collector(progress=None if verbose else progress)
     previous = os.environ.get("TORCH_CTXEXT_DEVICE")
     os.environ["TORCH_CTXEXT_DEVICE"] = device  # read by the suite's conftest
-    args = ["--pyargs", SUITE, "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    args = [
+        "--pyargs", SUITE, "-p", "no:cacheprovider", "-o", "addopts=",
+        # torch_ctxext is imported before pytest starts (the entry point of
+        # its own plugin registers the package for rewriting too late).
+        "-W", "ignore::pytest.PytestAssertRewriteWarning",
+    ]
+    args += ["-v"] if verbose else ["-q"]
     if select:
         args += ["-k", select]
     args += list(extra_pytest_args)
-    try:
-        exit_code = pytest.main(args, plugins=[collector])
-    finally:
-        if previous is None:
-            os.environ.pop("TORCH_CTXEXT_DEVICE", None)
-        else:
-            os.environ["TORCH_CTXEXT_DEVICE"] = previous
+    held_back = io.StringIO()
+    quiet = contextlib.nullcontext() if verbose else contextlib.ExitStack()
+    with quiet as stack:
+        if stack is not None:
+            stack.enter_context(contextlib.redirect_stdout(held_back))
+            stack.enter_context(contextlib.redirect_stderr(held_back))
+        try:
+            exit_code = pytest.main(args, plugins=[collector])
+        finally:
+            if previous is None:
+                os.environ.pop("TORCH_CTXEXT_DEVICE", None)
+            else:
+                os.environ["TORCH_CTXEXT_DEVICE"] = previous
+    ran_suite = int(exit_code) in _RAN
+    if not ran_suite and not verbose:
+        import sys
+
+        sys.stderr.write(held_back.getvalue())
     features = torch_ctxext.features()
     routes = _features.routes()
     members = {}
@@ -124,11 +193,16 @@ def run_suite(select=None, extra_pytest_args=(), device="cpu"):
         "device": _device.describe(),
         "members": members,
         "failed_tests": failed,
+        "failure_reasons": {r["test"]: r["reason"] for r in collector.results if r["outcome"] == "failed"},
         "upstream_deviation_tests": deviations,
         "untested_members": untested,
+        "warnings": [
+            {"category": c, "message": m, "tests": n} for (c, m), n in sorted(collector.warnings.items())
+        ],
         "pytest_exit_code": int(exit_code),
+        "ran": ran_suite,
         "conforms": ok,
-        "verdict": verdict(ok, len(deviations)),
+        "verdict": verdict(ok, len(deviations)) if ran_suite else "could not run the suite",
     }
 
 
@@ -159,10 +233,17 @@ def format_report(report):
         )
     for test in report.get("upstream_deviation_tests", []):
         lines.append(f"UPSTREAM DEVIATION {test}")
+    reasons = report.get("failure_reasons", {})
     for test in report["failed_tests"]:
-        lines.append(f"FAILED {test}")
+        reason = reasons.get(test)
+        lines.append(f"FAILED {test}" + (f" - {reason[:160]}" if reason else ""))
     for name in report["untested_members"]:
         lines.append(f"UNTESTED {name}: the suite ran no test for it")
+    warnings = report.get("warnings", [])
+    if warnings:
+        lines += ["", "warnings raised by torch while the suite ran (each named once):"]
+        for w in warnings:
+            lines.append(f"  {w['category']}: {w['message'][:200]} ({w['tests']} time{'s' if w['tests'] != 1 else ''})")
     lines += ["", f"verdict: {report['verdict']}"]
     return "\n".join(lines)
 

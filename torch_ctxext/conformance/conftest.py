@@ -45,7 +45,23 @@ settings.register_profile(
 settings.load_profile(os.environ.get("TORCH_CTXEXT_HYPOTHESIS_PROFILE", "fast"))
 
 
+# Warnings the suite raises on purpose, where it uses torch as the contract
+# allows but torch warns anyway; they say nothing about the torch under test.
+DELIBERATE_WARNINGS = (
+    # test_*create_graph*: backward(create_graph=True) on a leaf.
+    "ignore:Using backward\\(\\) with create_graph=True will create a reference cycle:UserWarning",
+    # test_*_accelerators: forwards on side streams whose leaves were created
+    # on the default stream.
+    "ignore:The AccumulateGrad node's stream does not match:UserWarning",
+    # On the test device: view operators with no device kernel fall back to
+    # the CPU as copies (tools/testdevice/README.md).
+    "ignore:.*appears to be a view operator, but it has no implementation for the backend:UserWarning",
+)
+
+
 def pytest_configure(config):
+    for line in DELIBERATE_WARNINGS:
+        config.addinivalue_line("filterwarnings", line)
     # The device's backend is registered before torch_ctxext is imported:
     # the import runs a backward, after which the engine starts no threads
     # for devices registered later.
