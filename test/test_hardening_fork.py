@@ -210,3 +210,37 @@ def _main(lock):
 
 if __name__ == "__main__":
     _main(sys.argv[1])
+
+
+def test_a_child_forked_while_a_thread_holds_explains_locks_can_explain():
+    """explain()'s Python locks (observe()'s and a report's) held by another
+    thread at fork(): the child gets fresh ones and explain() works there."""
+    code = r"""
+import os, sys, threading, torch, torch_ctxext
+from torch_ctxext import _explain
+report = _explain.BufferReport()
+held, release = threading.Event(), threading.Event()
+def hold():
+    with _explain._lock, report._lock:
+        held.set()
+        release.wait()
+t = threading.Thread(target=hold)
+t.start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    import signal
+    signal.alarm(20)  # a hang is a failure, not a stuck test
+    with torch_ctxext.explain() as child_report:
+        x = torch.ones(2, requires_grad=True)
+        (x * 2).sum().backward()
+    report.record("F", [])
+    os._exit(0)
+release.set()
+t.join()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "0", done.stdout + done.stderr

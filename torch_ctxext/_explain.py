@@ -21,8 +21,10 @@ wraps the original one; the original is put back when the last user exits.
 """
 import collections
 import contextlib
+import os
 import re
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -325,6 +327,21 @@ def explain(ctx=None, *, buffers=None):
 
 _lock = threading.RLock()
 _internal = threading.local()  # .reading: explain(ctx) reads for itself
+_reports = weakref.WeakSet()  # every BufferReport, for _renew_locks_after_fork
+
+
+def _renew_locks_after_fork():
+    """A fork() made while another thread held one of these locks (inside
+    observe() or a report's record()) copies it held into the child, where
+    no thread will release it: the child starts with fresh ones (as
+    docs/reliability.md says of every lock torch_ctxext takes)."""
+    global _lock
+    _lock = threading.RLock()
+    for report in list(_reports):
+        report._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_locks_after_fork)
 _observers = []  # [(callback, wants_reasons)]
 _original = None  # the property replaced while observers are active
 _wrapper = None
@@ -418,6 +435,7 @@ class BufferReport:
     def __init__(self):
         self._lock = threading.Lock()
         self.functions = {}  # qualname -> FunctionBufferStats
+        _reports.add(self)
 
     def __getitem__(self, function):
         """Stats of a Function class (or its qualified name)."""
