@@ -167,3 +167,34 @@ def test_a_vendored_copy_of_the_package_reports_the_refusal_in_features(tmp_path
     assert "vendored loaded: False" in output, output
     assert "first features: torch_ctxext" in output, output
     assert output.count("first copy: intact") == 2, output
+
+
+def test_a_vendored_copy_imported_second_says_the_members_are_the_first_copys_not_native(tmp_path):
+    """Every member the installed copy provides is already there when the
+    vendored copy is imported: it loads nothing, and says who provides them
+    (torch_ctxext, from the other copy), never "native"."""
+    shutil.copytree(
+        os.path.dirname(torch_ctxext.__file__),
+        tmp_path / "vendored_ctxext",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    code, output = run(
+        """
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import torch_ctxext
+        import vendored_ctxext
+        from vendored_ctxext import _features
+        provided = [n for n, s in torch_ctxext.features().items() if s == "torch_ctxext"]
+        print("provided by the first:", provided)
+        print("vendored says:", sorted({vendored_ctxext.features()[n] for n in provided}))
+        print("vendored route:", sorted({_features.routes()[n] for n in provided}))
+        first_copy_intact()
+        """,
+        str(tmp_path),
+    )
+    assert code == 0, output
+    assert "provided by the first: []" not in output, output
+    assert "vendored says: ['torch_ctxext']" in output, output
+    assert "vendored route: ['provided by another copy of torch_ctxext, loaded first (torch_ctxext." in output, output
+    assert "first copy: intact" in output, output

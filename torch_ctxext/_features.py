@@ -71,12 +71,43 @@ def report_unavailable(members, error):
     warnings.warn(str(error), ExtensionUnavailableWarning, stacklevel=3)
 
 
+# Members another copy of torch_ctxext (vendored by a library under another
+# name, imported first) installed: {member: that copy's module}.
+OTHER_COPY = {}
+
+
 def record_native():
-    """Remember what torch itself provides, before torch_ctxext patches it."""
+    """Remember what torch itself provides, before torch_ctxext patches it.
+
+    A member that is present but was installed by another copy of
+    torch_ctxext is not native: it is that copy's (and this copy, refused
+    its own extension while the other one holds the engine hooks, says so).
+    """
     if _NATIVE:
         return
     for name in MEMBERS:
-        _NATIVE[name] = hasattr(_owner(name), name)
+        other = _installed_by_another_copy(name)
+        if other:
+            OTHER_COPY[name] = other
+        _NATIVE[name] = hasattr(_owner(name), name) and not other
+
+
+def _installed_by_another_copy(name):
+    """The module of the torch_ctxext copy that installed ``name``, if one did."""
+    import inspect
+
+    try:
+        member = inspect.getattr_static(_owner(name), name)
+    except AttributeError:
+        return None
+    function = member.fget if isinstance(member, property) else member
+    module = getattr(function, "__module__", None) or ""
+    if module == __name__.rsplit(".", 1)[0] or module.startswith(__name__.rsplit(".", 1)[0] + "."):
+        return None  # this copy (a second import of the same package)
+    # A copy installs its members from these modules of its own package;
+    # anything else (torch's own, a user's patch) is not another copy.
+    installers = ("._input_grad_buffers", "._output_grad_dtype", "._boxed_grads")
+    return module if module.endswith(installers) else None
 
 
 def _owner(name):
@@ -102,7 +133,7 @@ def features():
     """
     result = {}
     for name in MEMBERS:
-        if name in PROVIDED:
+        if name in PROVIDED or name in OTHER_COPY:
             result[name] = "torch_ctxext"
         elif _NATIVE.get(name):
             result[name] = "native"
@@ -130,7 +161,9 @@ def routes():
     ext = _loaded_extension()
     result = {}
     for name in MEMBERS:
-        if status[name] == "native":
+        if name in OTHER_COPY:
+            result[name] = f"provided by another copy of torch_ctxext, loaded first ({OTHER_COPY[name]})"
+        elif status[name] == "native":
             result[name] = "native"
         elif status[name].startswith("unavailable"):
             result[name] = "unavailable"
