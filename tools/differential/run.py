@@ -44,9 +44,8 @@ def run(out, k=None, device=None):
         table = scenarios_device.DEVICE_SCENARIOS
     else:
         import scenarios
-        import scenarios_refusals  # noqa: F401  (registers the q16_ scenarios)
 
-        table = scenarios.SCENARIOS
+        table = scenarios.load()
     results = {}
     for name, fn in table:
         if k and k not in name:

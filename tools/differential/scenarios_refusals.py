@@ -1,10 +1,13 @@
-"""Differential scenarios: where ``input_grad_buffers`` must refuse, and what
-an object that only claims to be a ctx gets (issue: never less safe than
-native torch). Registered into ``scenarios.SCENARIOS``; run by run.py.
+"""Differential scenarios: where ``ctx.input_grad_buffers`` must refuse (in
+forward or setup_context, after or outside its backward, under create_graph,
+anomaly mode or a post hook on the node, around reentrant backward calls) and
+what an object that only claims to be a ctx gets (never less safe than native
+torch).
 
-Scenario names start with ``q16_``.
+Names: ``input_grad_buffers.refusals.<case>``.
 """
 import threading
+from contextlib import nullcontext
 from unittest import mock
 
 import torch
@@ -12,20 +15,408 @@ from torch.autograd import Function
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 from torch.autograd.variable import Variable
 
-from scenarios import E, R, scenario
+from sample_functions import buffer_reader, doubling, without_ctx
+from scenario_helpers import (
+    Section,
+    backward_with_later_consumer,
+    describe_buffers,
+    error_of,
+    grad_values,
+    leaf,
+    outcome_of,
+    read_buffers,
+    tensor_values,
+)
+
+REFUSALS = Section("input_grad_buffers.refusals")
+
+
+# ------------------------------------------- a reader Function in each mode
+
+
+def reader_case(later=True, create_graph=False, anomaly=None, post_hook=False, observe_grad=True):
+    """buffer_reader(x) backward from y.sum() (+ (x*3).sum() with ``later``);
+    ``anomaly``: "forward_and_backward" or "backward" (where it is on);
+    ``post_hook``: a post hook on the reader's node (its calls counted when
+    the grad is observed too)."""
+    rec = {}
+    F = buffer_reader(rec)
+    x = leaf([1.0, 2.0])
+    calls = []
+    with torch.autograd.set_detect_anomaly(True) if anomaly == "forward_and_backward" else nullcontext():
+        y = F.apply(x)
+        if post_hook:
+            y.grad_fn.register_hook(lambda gi, go: calls.append(1))
+        with torch.autograd.set_detect_anomaly(True) if anomaly is not None else nullcontext():
+            (y.sum() + (x * 3.0).sum() if later else y.sum()).backward(create_graph=create_graph)
+    out = {"rec": without_ctx(rec)}
+    if observe_grad:
+        out.update(grad_values(x=x))
+        if post_hook:
+            out["hook_calls"] = len(calls)
+    return out
+
+
+REFUSALS.table(
+    reader_case,
+    {
+        "create_graph": dict(create_graph=True),
+        "create_graph_nothing_exposable": dict(later=False, create_graph=True),
+        "anomaly": dict(anomaly="forward_and_backward"),
+        "anomaly_enabled_only_during_backward": dict(anomaly="backward"),
+        "anomaly_nothing_exposable": dict(later=False, anomaly="forward_and_backward", observe_grad=False),
+        "post_hook_on_node": dict(post_hook=True),
+        "post_hook_nothing_exposable": dict(later=False, post_hook=True, observe_grad=False),
+    },
+)
+
+
+def forward_read_case(requires_grad=True, anomaly=False):
+    """buffer_reader reading in forward (and backward, when there is one)."""
+    rec = {}
+    F = buffer_reader(rec, "forward")
+    x = torch.tensor([1.0, 2.0], requires_grad=requires_grad)
+    with torch.autograd.set_detect_anomaly(True) if anomaly else nullcontext():
+        y = F.apply(x)
+        if requires_grad:
+            y.sum().backward()
+    return without_ctx(rec)
+
+
+REFUSALS.table(
+    forward_read_case,
+    {
+        "read_in_forward": dict(),
+        "read_in_forward_no_grad_input": dict(requires_grad=False),
+        "anomaly_in_forward_read": dict(anomaly=True),
+    },
+)
+
+
+@REFUSALS.scenario
+def read_in_setup_context():
+    rec = {}
+
+    class S(Function):
+        @staticmethod
+        def forward(x):
+            return x * 2.0
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            rec["read"], rec["err"] = read_buffers(ctx)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2.0
+
+    x = leaf([1.0, 2.0])
+    S.apply(x).sum().backward()
+    return rec
+
+
+@REFUSALS.scenario
+def read_after_backward_retained_ctx():
+    rec = {}
+    F = buffer_reader(rec)
+    x = leaf([1.0, 2.0])
+    y = F.apply(x)
+    (y.sum() + (x * 3.0).sum()).backward(retain_graph=True)
+    ctx = rec["ctx"]
+    after, err = read_buffers(ctx)
+    ctx2, err2 = read_buffers(y.grad_fn)
+    return {
+        "rec": without_ctx(rec),
+        "after": after,
+        "after_err": err,
+        "via_grad_fn": ctx2,
+        "via_grad_fn_err": err2,
+        "grad_fn_is_ctx": y.grad_fn is ctx,
+    }
+
+
+@REFUSALS.scenario
+def read_before_backward_via_grad_fn():
+    rec = {}
+    F = buffer_reader(rec)
+    x = leaf([1.0, 2.0])
+    y = F.apply(x)
+    r, err = read_buffers(y.grad_fn)
+    return {"read": r, "err": err}
+
+
+def other_graph_ctx_case(mode=None):
+    """Inside one backward, read the buffers of a ctx of another, pending
+    graph; ``mode``: "create_graph", "anomaly" or "posthook" on top."""
+    rec1 = {}
+    F1 = buffer_reader(rec1)
+    x1 = leaf([1.0, 2.0])
+    y1 = F1.apply(x1)
+    rec = {}
+
+    class Rd2(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            rec["own"], rec["own_err"] = read_buffers(ctx)
+            rec["other"], rec["other_err"] = read_buffers(y1.grad_fn)
+            return g * 2.0
+
+    x = leaf([1.0, 2.0])
+    with torch.autograd.set_detect_anomaly(mode == "anomaly"):
+        y = Rd2.apply(x)
+        if mode == "posthook":
+            y.grad_fn.register_hook(lambda gi, go: None)
+        (y.sum() + (x * 3.0).sum()).backward(create_graph=(mode == "create_graph"))
+    return rec
+
+
+REFUSALS.table(
+    other_graph_ctx_case,
+    {
+        "read_other_graph_ctx_inside_backward": dict(),
+        "precedence_other_ctx_under_create_graph": dict(mode="create_graph"),
+        "precedence_other_ctx_under_anomaly": dict(mode="anomaly"),
+        "precedence_other_ctx_under_posthook": dict(mode="posthook"),
+    },
+)
+
+
+@REFUSALS.scenario
+def direct_grad_fn_apply():
+    rec = {}
+    F = buffer_reader(rec)
+    x = leaf([1.0, 2.0])
+    y = F.apply(x)
+    out = outcome_of(lambda: tensor_values(y.grad_fn.apply(torch.ones(2))))
+    return {"rec": without_ctx(rec), "apply": out}
+
+
+@REFUSALS.scenario
+def direct_grad_fn_apply_inside_backward():
+    rec = {}
+    F = buffer_reader(rec)
+    x = leaf([1.0, 2.0])
+    yF = F.apply(x)
+    rec2 = {}
+
+    class Outer(Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            rec2["inner_apply"] = outcome_of(lambda: tensor_values(yF.grad_fn.apply(torch.ones(2))))
+            return g * 2.0
+
+    a = leaf([1.0, 2.0])
+    Outer.apply(a).sum().backward()
+    return {"rec": without_ctx(rec), "rec2": rec2}
+
+
+@REFUSALS.scenario
+def create_graph_uncaught():
+    rec = {}
+    F = buffer_reader(rec, catch=False)
+    x = leaf([1.0, 2.0])
+    y = F.apply(x)
+    out = outcome_of(lambda: (y.sum() + (x * 3.0).sum()).backward(create_graph=True))
+    return {"rec": without_ctx(rec), "outer": out}
+
+
+@REFUSALS.scenario
+def autograd_grad_create_graph():
+    rec = {}
+    F = buffer_reader(rec)
+    x = leaf([1.0, 2.0])
+    y = F.apply(x)
+    (gx,) = torch.autograd.grad(y.sum() + (x * 3.0).sum(), [x], create_graph=True)
+    return {"rec": without_ctx(rec), "gx": tensor_values(gx)}
+
+
+@REFUSALS.scenario
+def post_hook_on_other_node():
+    rec = {}
+    F = buffer_reader(rec)
+    a = leaf([1.0, 2.0])
+    x = a * 1.0
+    x.grad_fn.register_hook(lambda gi, go: None)
+    y = F.apply(x)
+    (y.sum() + (x * 3.0).sum()).backward()
+    return {"rec": without_ctx(rec), **grad_values(a=a)}
+
+
+@REFUSALS.scenario
+def post_hook_create_graph_anomaly_precedence():
+    res = {}
+    for combo in [
+        ("create_graph", "anomaly"),
+        ("create_graph", "posthook"),
+        ("anomaly", "posthook"),
+        ("create_graph", "anomaly", "posthook"),
+    ]:
+        rec = {}
+        F = buffer_reader(rec)
+        x = leaf([1.0, 2.0])
+        with torch.autograd.set_detect_anomaly("anomaly" in combo):
+            y = F.apply(x)
+            if "posthook" in combo:
+                y.grad_fn.register_hook(lambda gi, go: None)
+            (y.sum() + (x * 3.0).sum()).backward(create_graph="create_graph" in combo)
+        res["+".join(combo)] = without_ctx(rec)
+    return res
+
+
+@REFUSALS.scenario
+def precedence_forward_read_under_create_graph_backward():
+    """Forward of an inner Function run (with grad) inside a create_graph backward."""
+    rec_in = {}
+    Inner = buffer_reader(rec_in, "forward")
+
+    class Outer(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            Inner.apply(g)
+            return g * 2.0
+
+    x = leaf([1.0, 2.0])
+    Outer.apply(x).sum().backward(create_graph=True)
+    return without_ctx(rec_in)
+
+
+# ------------------------------------------------- reentrant backward calls
+
+
+def reentrant_case(mutate, later=True):
+    """A backward that reads its buffers (and, with ``mutate``, fuses into an
+    exposed one) and then runs autograd.grad and backward reentrantly."""
+    rec = {}
+
+    def read_then_reenter(ctx, g):
+        b = ctx.input_grad_buffers
+        rec["bufs"] = describe_buffers(b)
+        if mutate and b[0] is not None:
+            b[0].add_(g * 2.0)
+        with torch.enable_grad():
+            p = leaf([1.0, 2.0])
+            rec["reentrant_grad"] = outcome_of(lambda: tensor_values(torch.autograd.grad((p * 5.0).sum(), [p])[0]))
+            q = leaf([1.0, 2.0])
+            rec["reentrant_backward"] = outcome_of(lambda: (q * 7.0).sum().backward())
+            rec["q.grad"] = tensor_values(q.grad)
+        if mutate and b[0] is not None:
+            return None
+        return g * 2.0
+
+    F = doubling(read_then_reenter)
+    x = leaf([1.0, 2.0])
+    y = F.apply(x)
+    (y.sum() + (x * 3.0).sum() if later else y.sum()).backward()
+    return {"rec": rec, **grad_values(x=x)}
+
+
+REFUSALS.table(
+    reentrant_case,
+    {
+        "reentrant_after_nonnone_before_mutation": dict(mutate=False),
+        "reentrant_after_nonnone_after_mutation": dict(mutate=True),
+        "reentrant_all_none": dict(mutate=False, later=False),
+    },
+)
+
+
+@REFUSALS.scenario
+def reentrant_uncaught():
+    rec = {}
+
+    def read_then_reenter(ctx, g):
+        rec["bufs"] = describe_buffers(ctx.input_grad_buffers)
+        with torch.enable_grad():
+            p = leaf([1.0, 2.0])
+            torch.autograd.grad((p * 5.0).sum(), [p])
+        return g * 2.0
+
+    F = doubling(read_then_reenter)
+    x = leaf([1.0, 2.0])
+    y = F.apply(x)
+    out = outcome_of(lambda: (y.sum() + (x * 3.0).sum()).backward())
+    return {"rec": rec, "outer": out}
+
+
+@REFUSALS.scenario
+def reentrant_then_read():
+    """Reentrant backward first, then read buffers."""
+    rec = {}
+
+    def reentrant_then_read(ctx, g):
+        with torch.enable_grad():
+            p = leaf([1.0, 2.0])
+            rec["reentrant"] = outcome_of(lambda: tensor_values(torch.autograd.grad((p * 5.0).sum(), [p])[0]))
+        rec["bufs"], rec["err"] = read_buffers(ctx)
+        return g * 2.0
+
+    x = backward_with_later_consumer(doubling(reentrant_then_read))
+    return {"rec": rec, **grad_values(x=x)}
+
+
+@REFUSALS.scenario
+def read_from_thread_inside_backward():
+    rec = {}
+
+    def read_from_thread_then_here(ctx, g):
+        res = {}
+
+        def t():
+            res["bufs"], res["err"] = read_buffers(ctx)
+
+        th = threading.Thread(target=t)
+        th.start()
+        th.join()
+        rec["thread"] = res
+        rec["main"], rec["main_err"] = read_buffers(ctx)
+        return g * 2.0
+
+    x = backward_with_later_consumer(doubling(read_from_thread_then_here))
+    return {"rec": rec, **grad_values(x=x)}
+
+
+@REFUSALS.scenario
+def read_raises_uncaught_in_forward_type():
+    class F(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.input_grad_buffers
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    x = leaf([1.0])
+    return outcome_of(lambda: F.apply(x))
+
+
+# ------------------------------------- refusals that must be as safe as native
 
 
 def _leaf(*values):
     return torch.tensor(values, requires_grad=True)
 
 
-def _outcome(fn):
+def entries_or_error(fn):
     try:
         value = fn()
     except Exception as e:  # noqa: BLE001
-        return E(e)
+        return error_of(e)
     if isinstance(value, tuple):
-        return {"entries": [None if v is None else R(v) for v in value]}
+        return {"entries": [None if v is None else tensor_values(v) for v in value]}
     return {"value": type(value).__name__}
 
 
@@ -48,30 +439,30 @@ def _read_in_backward(backward_kwargs=None, under=None, later=True):
 
     def read(ctx):
         if under is None:
-            seen.append(_outcome(lambda: ctx.input_grad_buffers))
+            seen.append(entries_or_error(lambda: ctx.input_grad_buffers))
         else:
             with under():
-                seen.append(_outcome(lambda: ctx.input_grad_buffers))
+                seen.append(entries_or_error(lambda: ctx.input_grad_buffers))
 
     x = _leaf(1.0, 2.0)
     y = _Reader.apply(x, read)
     loss = y.sum() + ((x * 3).sum() if later else 0)
     loss.backward(**(backward_kwargs or {}))
-    return {"read": seen[0], "grad": R(x.grad)}
+    return {"read": seen[0], "grad": tensor_values(x.grad)}
 
 
-@scenario
-def q16_create_graph_read_under_no_grad():
+@REFUSALS.scenario
+def create_graph_read_under_no_grad():
     return _read_in_backward({"create_graph": True}, under=torch.no_grad)
 
 
-@scenario
-def q16_plain_backward_read_under_enable_grad():
+@REFUSALS.scenario
+def plain_backward_read_under_enable_grad():
     return _read_in_backward(under=torch.enable_grad)
 
 
-@scenario
-def q16_stale_capture_stream_override():
+@REFUSALS.scenario
+def stale_capture_stream_override():
     set_override = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
     if set_override is None:
         return {"skipped": "no set_override_stale_capture_stream"}
@@ -85,21 +476,21 @@ def q16_stale_capture_stream_override():
     return {"plain": plain, "under_anomaly": under_anomaly}
 
 
-@scenario
-def q16_post_hook_read_after_backward():
+@REFUSALS.scenario
+def post_hook_read_after_backward():
     x = _leaf(1.0, 2.0)
     y = _Reader.apply(x, lambda ctx: None)
     y.grad_fn.register_hook(lambda grad_inputs, grad_outputs: None)
     y.sum().backward()
-    return _outcome(lambda: y.grad_fn.input_grad_buffers)
+    return entries_or_error(lambda: y.grad_fn.input_grad_buffers)
 
 
-@scenario
-def q16_post_processing_read_of_outer_ctx():
+@REFUSALS.scenario
+def post_processing_read_of_outer_ctx():
     seen, outer = [], []
 
     def read_outer():
-        seen.append(_outcome(lambda: outer[0].input_grad_buffers))
+        seen.append(entries_or_error(lambda: outer[0].input_grad_buffers))
 
     class Inner(Function):
         @staticmethod
@@ -119,27 +510,27 @@ def q16_post_processing_read_of_outer_ctx():
 
     x = _leaf(1.0, 2.0)
     _Reader.apply(x, outer_backward).sum().backward()
-    return {"read": seen[0], "grad": R(x.grad)}
+    return {"read": seen[0], "grad": tensor_values(x.grad)}
 
 
-def _reentrant(call):
+def reentrant_outcome(call):
     def run():
         with torch.enable_grad():
             call()
 
-    out = _outcome(run)
+    out = entries_or_error(run)
     return out if "exc_type" in out else "no error"
 
 
-@scenario
-def q16_direct_engine_call_after_exposure():
+@REFUSALS.scenario
+def direct_engine_call_after_exposure():
     seen = []
 
     def body(ctx):
         seen.append(ctx.input_grad_buffers[0] is not None)
         q = _leaf(1.0)
         seen.append(
-            _reentrant(
+            reentrant_outcome(
                 lambda: Variable._execution_engine.run_backward(
                     ((q * 2).sum(),), (torch.ones(()),), False, False, (), True, True
                 )
@@ -148,11 +539,11 @@ def q16_direct_engine_call_after_exposure():
 
     x = _leaf(1.0, 2.0)
     (_Reader.apply(x, body).sum() + (x * 5).sum()).backward()
-    return {"seen": seen, "grad": R(x.grad)}
+    return {"seen": seen, "grad": tensor_values(x.grad)}
 
 
-@scenario
-def q16_reentrant_refusal_per_graph_task():
+@REFUSALS.scenario
+def reentrant_refusal_per_graph_task():
     second_read = threading.Event()
     seen = {}
 
@@ -162,7 +553,7 @@ def q16_reentrant_refusal_per_graph_task():
         if name == "first":
             second_read.wait(timeout=60)
             q = _leaf(1.0)
-            seen[name] = _reentrant(lambda: torch.autograd.grad((q * 2).sum(), [q]))
+            seen[name] = reentrant_outcome(lambda: torch.autograd.grad((q * 2).sum(), [q]))
         else:
             second_read.set()
 
@@ -179,8 +570,8 @@ def q16_reentrant_refusal_per_graph_task():
     return dict(sorted(seen.items()))
 
 
-@scenario
-def q16_second_order_fused_under_no_grad():
+@REFUSALS.scenario
+def second_order_fused_under_no_grad():
     class Square(Function):
         @staticmethod
         def forward(ctx, x):
@@ -203,7 +594,7 @@ def q16_second_order_fused_under_no_grad():
     x = _leaf(1.0, 2.0)
     (g,) = torch.autograd.grad(Square.apply(x).sum() + (x * x).sum(), x, create_graph=True)
     (gg,) = torch.autograd.grad(g.sum(), x)
-    return {"g": R(g), "gg": R(gg)}
+    return {"g": tensor_values(g), "gg": tensor_values(gg)}
 
 
 class _Liar(list):
@@ -212,51 +603,16 @@ class _Liar(list):
         return BackwardCFunction
 
 
-@scenario
-def q16_objects_claiming_to_be_a_ctx():
+@REFUSALS.scenario
+def objects_claiming_to_be_a_ctx():
     getter = FunctionCtx.input_grad_buffers.fget
     declare = FunctionCtx.set_output_grad_dtype
     fake = mock.MagicMock(spec=BackwardCFunction)
     return {
-        "getter_mock": _outcome(lambda: getter(fake)),
-        "getter_liar": _outcome(lambda: getter(_Liar())),
-        "getter_functionctx": _outcome(lambda: getter(FunctionCtx())),
-        "getter_functionbase": _outcome(lambda: getter(torch._C._FunctionBase())),
-        "declare_mock": _outcome(lambda: declare(fake, torch.float32)),
-        "declare_liar": _outcome(lambda: declare(_Liar(), torch.float32)),
+        "getter_mock": entries_or_error(lambda: getter(fake)),
+        "getter_liar": entries_or_error(lambda: getter(_Liar())),
+        "getter_functionctx": entries_or_error(lambda: getter(FunctionCtx())),
+        "getter_functionbase": entries_or_error(lambda: getter(torch._C._FunctionBase())),
+        "declare_mock": entries_or_error(lambda: declare(fake, torch.float32)),
+        "declare_liar": entries_or_error(lambda: declare(_Liar(), torch.float32)),
     }
-
-
-class _BoxedIdentity(Function):
-    boxed_grads_call = True
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grads):
-        (g,) = grads
-        return g
-
-
-@scenario
-def q16_boxed_grads_from_several_threads_on_one_graph():
-    x = torch.zeros(3, requires_grad=True)
-    out = _BoxedIdentity.apply(x)
-    wrong = []
-
-    def run(index):
-        for step in range(50):
-            g = torch.full((3,), float(index * 1000 + step))
-            (grad_x,) = torch.autograd.grad(out, x, g, retain_graph=True)
-            if not torch.equal(grad_x, g):
-                wrong.append(index)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    direct = out.grad_fn.apply(torch.tensor([5.0, 6.0, 7.0]))
-    return {"wrong": len(wrong), "direct_apply": R(direct)}
