@@ -360,7 +360,8 @@ def _holder_state(holder):
     if holder is None:
         return "a process that did not say which (the lock file names none)", "unknown"
     who = f"pid {holder['pid']} on {holder.get('host', 'an unknown host')}"
-    if holder.get("host") != socket.gethostname() or holder.get("pid_namespace") != _pid_namespace():
+    if (holder.get("host") != socket.gethostname() or holder.get("pid_namespace") != _pid_namespace()
+            or not os.path.isdir("/proc/self")):  # another machine or container, or no /proc to look in
         return who, "unknown"
     stat = _proc_stat(int(holder["pid"]))
     if stat is None or stat[0] in "ZX" or (holder.get("start") is not None and stat[1] != holder["start"]):
