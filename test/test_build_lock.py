@@ -119,8 +119,13 @@ def test_an_import_waiting_for_a_stopped_builder_says_so_at_once_and_gives_up_af
     builds: a second import says at once that the builder is stopped, and
     after $TORCH_CTXEXT_BUILD_TIMEOUT imports without the members."""
     cache = tmp_path / "cache"
-    compiling = tmp_path / "compiling"
-    hanging = compiler(tmp_path, "hanging-c++", f"touch {compiling}; sleep 600")
+    # Compiles until the test removes `hang` (ninja runs each compiler in a
+    # process group of its own, which neither the Ctrl-Z nor the kill below
+    # reaches: the compilers must end by themselves).
+    compiling, hang = tmp_path / "compiling", tmp_path / "hang"
+    hang.touch()
+    hanging = compiler(tmp_path, "hanging-c++",
+                       f"touch {compiling}; while [ -e {hang} ]; do sleep 0.1; done; exit 1")
     builder = subprocess.Popen(
         [sys.executable, "-c", "import torch_ctxext"], cwd="/", stderr=subprocess.PIPE, text=True,
         env={**{k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")},
@@ -137,6 +142,7 @@ def test_an_import_waiting_for_a_stopped_builder_says_so_at_once_and_gives_up_af
         took = time.monotonic() - start
         leftovers = os.listdir(cache / "builds")
     finally:
+        hang.unlink()
         os.killpg(builder.pid, signal.SIGKILL)
         builder.wait()
     statuses = unavailable(waiter)
