@@ -202,3 +202,42 @@ def test_whatever_the_function_raises_the_checker_reports_it():
     assert not report.errors
     assert {f.name for f in report.failures} == {"gradcheck", "jvp.finite_differences"}
     assert "KeyError: 'state'" in report.results_for("gradcheck")[0].detail
+
+
+# --- tolerances ----------------------------------------------------------------------
+
+
+class FusedOffByRounding(torch.autograd.Function):
+    """A fused path whose gradient is off by 1e-9: rounding at the default
+    tolerances, a difference where the user asks for exactness."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x_buffer,) = ctx.input_grad_buffers
+        if x_buffer is not None:
+            x_buffer.add_(g * 2 + 1e-9)
+            return None
+        return g * 2
+
+
+@pytest.mark.skipif(not hasattr(torch.autograd.function.FunctionCtx, "input_grad_buffers"),
+                    reason="no ctx.input_grad_buffers on this torch")
+@pytest.mark.parametrize("tolerance", [
+    {"atol": 0, "rtol": 0},
+    {"atol": 0, "rtol": 1e-12},
+    {"atol": 1e-12, "rtol": 0},
+])
+def test_a_zero_atol_or_rtol_of_the_user_is_honoured_by_the_input_grad_buffers_rules(tolerance):
+    x = sample(4, dtype=torch.float64)
+    default = check_function(FusedOffByRounding, x, gradcheck="only the buffers are checked")
+    (fused,) = default.results_for("input_grad_buffers.fused_matches_fallback")
+    assert fused.status == "passed"
+
+    report = check_function(FusedOffByRounding, x, gradcheck="only the buffers are checked",
+                            raise_on_failure=False, **tolerance)
+    assert [f.name for f in report.failures] == ["input_grad_buffers.fused_matches_fallback"]
+    assert "max abs difference 1e-09" in report.failures[0].detail

@@ -53,5 +53,21 @@ if any(_features.lacks(member) for member, _ in _INSTALLERS):
                 else:
                     _installer.install(_ext)
 
-from . import testing  # noqa: E402  (check_function, after the patches above)
-from ._explain import explain  # noqa: E402
+
+# The checker (testing/, thousands of lines) and explain() are for tests and
+# debugging, not for every training process that imports torch_ctxext: they
+# load on first use, torch_ctxext.testing and torch_ctxext.explain as before.
+_LAZY = {"testing": ".testing", "explain": "._explain"}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name], __name__)
+    value = getattr(module, name) if name == "explain" else module
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -21,6 +21,11 @@ The rules, one module per family:
 ``input_grad_buffers``      ``.fused_matches_fallback``, ``.not_retained``
 ``boxed_grads``             ``boxed_grads.released``
 
+A family imports only from the core the families share (the modules named
+with an underscore, and ``report``), never from another family. The Function
+as a map for the Jacobian checks, the choice of their mode and the one table
+of tolerances are in ``_core``.
+
 Every run of the Function gets fresh copies of the sample and the same
 random state; every backward has its own forward. The checker patches
 ``FunctionCtx`` (``mark_dirty``, ``mark_non_differentiable``,
@@ -62,7 +67,9 @@ def check_function(function, *sample_args, raise_on_failure=True, **options):
     * ``fast_mode``: ``True`` / ``False`` forces gradcheck's mode (default:
       chosen by size).
     * ``atol``, ``rtol``, ``eps``: finite-difference tolerances and step
-      (chosen from the precision otherwise).
+      (chosen from the precision otherwise); ``atol`` and ``rtol``, 0
+      included, also for the comparisons against the reference and between
+      the two paths of ``input_grad_buffers``.
     * ``time_budget``: seconds (default 5; ``None``: no limit). Checks that
       would start after it is spent are skipped, saying so.
     * ``seed``; ``raise_on_failure=False`` returns the report instead of

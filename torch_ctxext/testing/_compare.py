@@ -10,15 +10,16 @@ Modes:
           random direction; ``u . (J v)`` from finite differences is
           compared with ``(J^T u) . v`` from backward.
 
-Finite differences are compared with tolerances for the precision
-(:func:`tolerances`); two computations of the same quantity (jvp against
-backward, the Function against its reference) with tolerances for rounding
-only (:func:`exact_tolerances`).
+The callers pass the tolerances, from the one table in _core.py
+(``TOLERANCES``): finite differences with those for the precision, two
+computations of the same quantity (the Function against its reference)
+with those for rounding only.
 """
 import math
 
 import torch
 
+from ._core import close
 from ._jacobian import basis, dot, element, flat, real_numel, unflat, zeros_like_or
 
 
@@ -37,10 +38,6 @@ def _worst(a, b):
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
     j = int(diff.argmax()) if diff.numel() else 0
     return j, float(a.reshape(-1)[j]), float(b.reshape(-1)[j]), float(diff.reshape(-1)[j])
-
-
-def _close(a, b, atol, rtol):
-    return torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True)
 
 
 def _only(what, k, outs):
@@ -82,7 +79,7 @@ def exact_vjp_check(problem, eps, atol, rtol, budget, what="backward"):
     for k, o in enumerate(outs):
         for i, x in enumerate(xs):
             a, n = analytical[k][i], numerical[k][i]
-            if _close(a, n, atol, rtol):
+            if close(a, n, atol, rtol):
                 continue
             j, va, vn, d = _worst(a, n)
             rows = n.shape[1] or 1
@@ -97,7 +94,7 @@ def exact_vjp_check(problem, eps, atol, rtol, budget, what="backward"):
         for i, (g, x) in enumerate(zip(grads, xs)):
             expected = sum(numerical[k][i].t() @ flat(u) for k, u in enumerate(us))
             got = flat(zeros_like_or(g, x))
-            if not _close(got, expected, atol, rtol):
+            if not close(got, expected, atol, rtol):
                 _, va, vn, d = _worst(got, expected)
                 mismatches.append(Mismatch(None, i, (
                     f"with gradients for all outputs at once, max abs difference {d:.3g}: "
@@ -175,7 +172,7 @@ def jvp_check(problem, eps, atol, rtol, budget, seed, slow):
         expected = problem.directional(tangents, eps)
         for k, (t, e, o) in enumerate(zip(got, expected, outs)):
             a = flat(t)
-            if (k, i) in seen or _close(a, e, atol, rtol):
+            if (k, i) in seen or close(a, e, atol, rtol):
                 continue
             seen.add((k, i))
             j, va, ve, diff = _worst(a, e)
@@ -227,7 +224,7 @@ def reference_values_check(problem, reference, atol, rtol):
             mismatches.append(Mismatch(k, None, f"shape {list(a.shape)}, the reference's "
                                                 f"{list(e.shape)}"))
             continue
-        if not _close(flat(a), flat(e), atol, rtol):
+        if not close(flat(a), flat(e), atol, rtol):
             j, va, ve, d = _worst(flat(a), flat(e))
             mismatches.append(Mismatch(k, None, (
                 f"max abs difference {d:.3g} at element {element(a, j)}: the Function "
@@ -252,7 +249,7 @@ def reference_vjp_check(problem, reference, atol, rtol, budget, seed, what="back
         expected = reference.vjp(cotangents, stage=f"the reference's {stage}")
         for i, (g, e, x) in enumerate(zip(got, expected, problem.inputs)):
             a, b = flat(zeros_like_or(g, x)), flat(zeros_like_or(e, x))
-            if _close(a, b, atol, rtol):
+            if close(a, b, atol, rtol):
                 continue
             j, va, vb, d = _worst(a, b)
             where = "with gradients for all outputs at once, " if k is None else ""
@@ -276,29 +273,10 @@ def reference_jvp_check(problem, reference, atol, rtol, budget, seed):
         got = problem.jvp(tangents, stage=f"jvp with a tangent for input {i}")
         expected = reference.jvp(tangents, stage="the reference under forward-mode AD")
         for k, (a, e, o) in enumerate(zip(got, expected, outs)):
-            if _close(flat(a), flat(e), atol, rtol):
+            if close(flat(a), flat(e), atol, rtol):
                 continue
             j, va, ve, d = _worst(flat(a), flat(e))
             mismatches.append(Mismatch(k, i, (
                 f"along a random direction: max abs difference {d:.3g} at output element "
                 f"{element(o, j)}: jvp {va:.6g}, the reference {ve:.6g}")))
     return mismatches
-
-
-def tolerances(dtypes):
-    """(eps, atol, rtol) for finite differences at the lowest precision seen."""
-    if any(d in (torch.float16, torch.bfloat16) for d in dtypes):
-        return 1e-1, 1e-1, 1e-1
-    if any(d in (torch.float32, torch.complex64) for d in dtypes):
-        return 1e-3, 1e-2, 1e-2
-    return 1e-6, 1e-5, 1e-3
-
-
-def exact_tolerances(dtypes):
-    """(atol, rtol) for comparing two computations of the same quantity
-    (no finite differences): rounding only."""
-    if any(d in (torch.float16, torch.bfloat16) for d in dtypes):
-        return 1e-2, 1e-2
-    if any(d in (torch.float32, torch.complex64) for d in dtypes):
-        return 1e-4, 1e-4
-    return 1e-7, 1e-7

@@ -8,10 +8,12 @@ differences need).
 """
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
 
+from .. import _explain
 from ._common import as_tuple, is_float, random_like, wide
 from ._function_info import arg_names
 
@@ -193,8 +195,6 @@ class Subject:
             return
         self.reads += 1
         if self.run_reads is not None:
-            from .input_grad_buffers import BufferRead  # keeps weak references only
-
             self.run_reads.append(BufferRead(ctx, result, raw))
 
     def on_ctx_call(self, name):
@@ -213,6 +213,19 @@ class Subject:
 
     def marked(self, name):
         return [t for method, _, args in self.calls if method == name for t in args]
+
+
+class BufferRead:
+    """One read of ctx.input_grad_buffers by the checked Function; keeps
+    weak references only."""
+
+    def __init__(self, ctx, result, raw):
+        self.exposed = [b is not None for b in result]
+        self.refs = {i: weakref.ref(b) for i, b in enumerate(result) if b is not None}
+        self.explanation = _explain.build_reasons(ctx, result, raw)
+
+    def alive(self):
+        return [i for i, ref in self.refs.items() if ref() is not None]
 
 
 def _seeded_states(seed, cuda_devices):

@@ -10,6 +10,7 @@ gradient rules check such a Function with a fresh forward per backward.
 import torch
 
 from ._common import as_tuple, error_text, random_like, same_values
+from ._core import max_abs
 from .report import FAILED, NOTED, PASSED, SKIPPED, register
 
 RULES = register({
@@ -22,13 +23,6 @@ RULES = register({
         "result, or else it can run only once per graph (noted, not a breach)"
     ),
 })
-
-
-def _max_abs(a, b):
-    if a.numel() == 0:
-        return 0.0
-    return float((a.detach().to(torch.complex128 if a.is_complex() else torch.float64)
-                  - b.detach().to(torch.complex128 if b.is_complex() else torch.float64)).abs().max())
 
 
 def _same(a, b):
@@ -83,7 +77,7 @@ def check(subject, report):
                    "a second backward on the same graph (retain_graph=True) gives the same gradients")
         return
     i, a, b = differ[0]
-    how = (f"max abs difference {_max_abs(a, b):.3g}" if a is not None and b is not None
+    how = (f"max abs difference {max_abs(a, b):.3g}" if a is not None and b is not None
            and a.shape == b.shape else "one of them is None")
     report.add(
         "backward.repeatable", NOTED,
@@ -105,7 +99,7 @@ def _report_changed(subject, report, roots, cotangents, snapshots):
             report.add(
                 "backward.grad_outputs_unchanged", FAILED,
                 f"backward changed the gradient it received for output {k} in place "
-                f"(max abs difference {_max_abs(c, s):.3g} after backward): that tensor can "
+                f"(max abs difference {max_abs(c, s):.3g} after backward): that tensor can "
                 "be the caller's (loss.backward(gradient)) or shared with another branch "
                 "of the graph (add hands one gradient to both its inputs), which then sees "
                 "the changed values",

@@ -13,13 +13,10 @@ import torch.autograd.forward_ad as fwAD
 from . import _compare as compare
 from . import _jacobian as jac
 from ._common import error_text
+from ._core import FunctionProblem, choose_mode, problem_tolerances, reference_problem
 from ._function_info import defines_jvp
 from ._options import reference_name
 from ._subject import BudgetSpent
-from .gradients import (
-    FunctionProblem, choose_mode, finite_difference_tolerances, reference_problem,
-    rounding_tolerances,
-)
 from .report import FAILED, PASSED, SKIPPED, register
 
 RULES = register({
@@ -125,7 +122,7 @@ def _tangents(subject, report, problem):
     opts = subject.options
     if opts.reference is not None:
         reference = reference_problem(subject)
-        atol, rtol = rounding_tolerances(subject, problem)
+        _, atol, rtol = problem_tolerances("rounding", subject, problem)
         try:
             mismatches = compare.reference_jvp_check(
                 problem, reference, atol, rtol, subject.budget, opts.seed + 23
@@ -138,7 +135,7 @@ def _tangents(subject, report, problem):
         mode = "against the reference"
     else:
         slow, mode = choose_mode(subject, problem, "jvp")
-        eps, atol, rtol = finite_difference_tolerances(subject, problem)
+        eps, atol, rtol = problem_tolerances("finite_differences", subject, problem)
         try:
             mismatches = compare.jvp_check(
                 problem, eps, atol, rtol, subject.budget, opts.seed + 29, slow
@@ -166,7 +163,7 @@ def _tangents(subject, report, problem):
 
 
 def _against_backward(subject, report, problem):
-    atol, rtol = finite_difference_tolerances(subject, problem)[1:]
+    _, atol, rtol = problem_tolerances("finite_differences", subject, problem)
     try:
         mismatches = compare.jvp_vs_vjp_check(
             problem, atol, rtol, subject.budget, subject.options.seed + 31

@@ -5,16 +5,15 @@ Every backward has its own forward on fresh copies of the sample (see
 _jacobian.py), so a backward that can run only once per graph, or a
 forward that changes an ``out`` buffer in place, is checked as it is.
 The mode is chosen by size unless you choose it (``fast_mode=``): exact
-Jacobians when they take at most ``SLOW_LIMIT`` runs of the Function and
-fit in a quarter of the time left, random projections otherwise.
+Jacobians when they take at most ``_core.SLOW_LIMIT`` runs of the Function
+and fit in a quarter of the time left, random projections otherwise.
 """
-import time
-
 import torch
 
 from . import _compare as compare
 from . import _jacobian as jac
-from ._common import as_tuple, error_text, is_float, same_values, wide
+from ._common import error_text, same_values
+from ._core import FunctionProblem, choose_mode, problem_tolerances, reference_problem
 from ._function_info import is_once_differentiable
 from ._options import reference_name
 from ._subject import BudgetSpent
@@ -33,8 +32,6 @@ RULES = register({
         "@once_differentiable"
     ),
 })
-
-SLOW_LIMIT = 256  # runs of the Function (forward pairs + backwards) for exact Jacobians
 
 _FIX_FIRST_ORDER = (
     "backward must return, for each input, the gradient of the outputs with respect to "
@@ -60,97 +57,20 @@ _FIX_DOUBLE = (
 )
 
 
-class FunctionProblem(jac.Problem):
-    """The Function as a map from its differentiable inputs to its
-    differentiable outputs; every other argument is a fresh copy per run."""
-
-    def __init__(self, subject, call=None):
-        self.subject = subject
-        self.call = call or subject.fn.apply
-        dtype = subject.dtype
-        inputs = []
-        for i in subject.grad_positions:
-            x = subject.args[i].detach()
-            inputs.append(x.to(wide(x.dtype)) if dtype is not None else x)
-        super().__init__(inputs, subject.seeded)
-
-    def _forward(self, xs):
-        s = self.subject
-        values = dict(zip(s.grad_positions, xs))
-        passed = []
-        for i, a in enumerate(s.args):
-            if i in values:
-                passed.append(values[i].clone())  # forward may change it in place
-            elif isinstance(a, torch.Tensor):
-                t = a.detach().clone()
-                if s.dtype is not None and is_float(t):
-                    t = t.to(wide(t.dtype))
-                passed.append(t)
-            else:
-                passed.append(a)
-        outs = as_tuple(self.call(*passed))
-        return [outs[k] for k in s.differentiable_outputs]
-
-
-def reference_problem(subject):
-    return FunctionProblem(subject, call=subject.options.reference)
-
-
-def _real_size(tensors):
-    return sum(jac.real_numel(t) for t in tensors)
-
-
-def choose_mode(subject, problem, what):
-    """(slow?, text) for checking ``problem``'s Jacobian."""
-    outs = problem.outputs if problem.outputs is not None else problem.values()
-    n_in, n_out = _real_size(problem.inputs), _real_size(outs)
-    runs = 2 * n_in + n_out
-    formula = f"2 x {n_in} forwards + {n_out} backwards = {runs} runs"
-    forced = subject.options.fast_mode
-    if forced is not None:
-        return (not forced), f"{'fast' if forced else 'slow'} (fast_mode={forced}, your choice)"
-    if runs > SLOW_LIMIT:
-        return False, (
-            f"fast (random projections): exact Jacobians of {what} would take {formula}, "
-            f"more than {SLOW_LIMIT}"
-        )
-    start = time.perf_counter()
-    try:
-        problem.vjp([torch.ones_like(o) for o in outs], stage="backward")
-    except jac.EvaluationError:
-        pass  # the check itself reports it; the time until it raised is what it costs
-    per_run = time.perf_counter() - start
-    left = subject.budget.left()
-    if runs * per_run > left / 4:
-        return False, (
-            f"fast (random projections): exact Jacobians of {what} ({formula}) would take "
-            f"about {runs * per_run:.1f} s at {per_run * 1e3:.1f} ms a run, more than a "
-            "quarter of the time budget left"
-        )
-    return True, f"slow (exact Jacobians: {formula})"
-
-
-def finite_difference_tolerances(subject, problem):
-    outs = problem.outputs if problem.outputs is not None else problem.values()
-    dtypes = [t.dtype for t in problem.inputs] + [o.dtype for o in outs]
-    eps, atol, rtol = compare.tolerances(dtypes)
-    o = subject.options
-    return (o.eps if o.eps is not None else eps, o.atol if o.atol is not None else atol,
-            o.rtol if o.rtol is not None else rtol)
-
-
-def rounding_tolerances(subject, problem):
-    outs = problem.outputs if problem.outputs is not None else problem.values()
-    dtypes = [t.dtype for t in problem.inputs] + [o.dtype for o in outs]
-    atol, rtol = compare.exact_tolerances(dtypes)
-    o = subject.options
-    return (o.atol if o.atol is not None else atol, o.rtol if o.rtol is not None else rtol)
-
-
 def _names(subject, mismatch):
     i = subject.grad_positions[mismatch.input]
     k = subject.differentiable_outputs[mismatch.output] if mismatch.output is not None else None
     return i, k
+
+
+def _report_mismatches(subject, report, mismatches, fix, head):
+    """A gradcheck failure per mismatch, ``head(output, input)`` before its
+    text."""
+    for m in mismatches:
+        i, k = _names(subject, m)
+        out = f"output {k}" if k is not None else "all outputs"
+        report.add("gradcheck", FAILED, f"{head(out, subject.name_of(i))}: {m.text}",
+                   subject=f"{subject.name_of(i)}, {out}", fix=fix)
 
 
 def _deviation_note(subject, report, error):
@@ -222,7 +142,7 @@ def _first_order(subject, report, problem):
         return _against_reference(subject, report, problem)
     slow, mode = choose_mode(subject, problem, "backward")
     report.gradient_mode = mode
-    eps, atol, rtol = finite_difference_tolerances(subject, problem)
+    eps, atol, rtol = problem_tolerances("finite_differences", subject, problem)
     try:
         if slow:
             mismatches = compare.exact_vjp_check(problem, eps, atol, rtol, subject.budget)
@@ -236,15 +156,8 @@ def _first_order(subject, report, problem):
                    f"{error.stage} raised: {error_text(error.exc)}"
                    + _deviation_note(subject, report, error), fix=fix)
         return False
-    for m in mismatches:
-        i, k = _names(subject, m)
-        out = f"output {k}" if k is not None else "all outputs"
-        report.add(
-            "gradcheck", FAILED,
-            f"Jacobian mismatch for {out} with respect to {subject.name_of(i)}: {m.text}",
-            subject=f"{subject.name_of(i)}, {out}",
-            fix=_FIX_FIRST_ORDER,
-        )
+    _report_mismatches(subject, report, mismatches, _FIX_FIRST_ORDER,
+                       lambda out, wrt: f"Jacobian mismatch for {out} with respect to {wrt}")
     if mismatches or not _undefined_gradients(subject, report, problem):
         return False
     report.add("gradcheck", PASSED,
@@ -284,7 +197,7 @@ def _against_reference(subject, report, problem):
     opts = subject.options
     reference = reference_problem(subject)
     name = reference_name(opts.reference)
-    atol, rtol = rounding_tolerances(subject, problem)
+    _, atol, rtol = problem_tolerances("rounding", subject, problem)
     report.gradient_mode = f"against {name} (no finite differences)"
     try:
         mismatches = compare.reference_values_check(problem, reference, atol, rtol)
@@ -313,16 +226,9 @@ def _against_reference(subject, report, problem):
         report.add("gradcheck", FAILED, f"{error.stage} raised: {error_text(error.exc)}",
                    fix="see the error")
         return False
-    for m in mismatches:
-        i, k = _names(subject, m)
-        out = f"output {k}" if k is not None else "all outputs"
-        report.add(
-            "gradcheck", FAILED,
-            f"gradient of {out} with respect to {subject.name_of(i)} differs from the "
-            f"intended gradient ({name}): {m.text}",
-            subject=f"{subject.name_of(i)}, {out}",
-            fix=_FIX_REFERENCE,
-        )
+    _report_mismatches(subject, report, mismatches, _FIX_REFERENCE,
+                       lambda out, wrt: f"gradient of {out} with respect to {wrt} differs "
+                       f"from the intended gradient ({name})")
     if mismatches or not _undefined_gradients(subject, report, problem):
         return False
     why = f' ("{opts.reason}")' if opts.reason else " (no reason given)"
@@ -347,7 +253,7 @@ def _second_order(subject, report, first):
     problem = jac.SecondOrder(first, cotangents)
     try:
         slow, mode = choose_mode(subject, problem, "double backward")
-        eps, atol, rtol = finite_difference_tolerances(subject, problem)
+        eps, atol, rtol = problem_tolerances("finite_differences", subject, problem)
         if slow:
             mismatches = compare.exact_vjp_check(
                 problem, eps, atol, rtol, subject.budget, what="double backward"

@@ -8,13 +8,12 @@ waits in ``x``'s buffer when the Function's backward runs (exposed); the
 same consumer created before the call runs after it (None).
 """
 import gc
-import weakref
 
 import torch
 from torch.autograd.function import FunctionCtx
 
-from .. import _explain
 from ._common import error_text, is_float, random_like
+from ._core import close, max_abs, tolerances
 from .report import FAILED, PASSED, SKIPPED, register
 
 RULES = register({
@@ -29,42 +28,12 @@ RULES = register({
 FUSED = "input_grad_buffers.fused_matches_fallback"
 
 
-class BufferRead:
-    """One read of ctx.input_grad_buffers by the checked Function; keeps
-    weak references only."""
-
-    def __init__(self, ctx, result, raw):
-        self.exposed = [b is not None for b in result]
-        self.refs = {i: weakref.ref(b) for i, b in enumerate(result) if b is not None}
-        self.explanation = _explain.build_reasons(ctx, result, raw)
-
-    def alive(self):
-        return [i for i, ref in self.refs.items() if ref() is not None]
-
-
-def _close(a, b, atol, rtol):
-    if a is None or b is None:
-        return a is None and b is None
-    if a.shape != b.shape:
-        return False
-    return torch.allclose(a.to(b.dtype), b, atol=atol, rtol=rtol, equal_nan=True)
-
-
-def _max_abs(a, b):
-    return (a.to(torch.float64) - b.to(torch.float64)).abs().max().item() if a.numel() else 0.0
-
-
-def _compare_tolerances(subject, ref):
-    if ref is None:
-        return 0.0, 0.0
-    if ref.dtype in (torch.float64, torch.complex128):
-        atol = rtol = 1e-7
-    elif ref.dtype in (torch.float16, torch.bfloat16):
-        atol = rtol = 1e-1
-    else:
-        atol = rtol = 1e-2
-    o = subject.options
-    return (o.atol or atol), (o.rtol or rtol)
+def _tolerances(subject, fallback):
+    """(atol, rtol) for the fused path's gradients against the fallback's."""
+    if fallback is None:
+        return 0.0, 0.0  # close() needs none: None is close to None only
+    _, atol, rtol = tolerances("input_grad_buffers", [fallback.dtype], subject.options)
+    return atol, rtol
 
 
 def _run(subject, i, exposed):
@@ -158,7 +127,7 @@ def check(subject, report):
         mismatches = [
             j for j in range(len(subject.args))
             if isinstance(fused[j], torch.Tensor) or isinstance(fallback[j], torch.Tensor)
-            if not _close(fused[j], fallback[j], *_compare_tolerances(subject, fallback[j]))
+            if not close(fused[j], fallback[j], *_tolerances(subject, fallback[j]))
         ]
         if not mismatches:
             report.add(FUSED, PASSED, "exposed and None give the same gradients", subject=name)
@@ -180,14 +149,14 @@ def _classify(subject, i, j, fused, fallback, c):
         return "missing"
     if j != i:
         return "other"
-    atol, rtol = _compare_tolerances(subject, fallback)
+    atol, rtol = _tolerances(subject, fallback)
     c = c.to(fallback.dtype)
     own = fallback - c  # this Function's contribution
-    if _close(fused, fallback + own, atol, rtol):
+    if close(fused, fallback + own, atol, rtol):
         return "twice"
-    if _close(fused, own, atol, rtol):
+    if close(fused, own, atol, rtol):
         return "overwrote"
-    if _close(fused, c, atol, rtol):
+    if close(fused, c, atol, rtol):
         return "dropped"
     return "other"
 
@@ -218,7 +187,7 @@ def _diagnose(kind, fused, fallback):
     head = _HEADS[kind]
     if fused is None or fallback is None:
         return head
-    return f"{head} (buffer exposed vs None: max abs difference {_max_abs(fused, fallback):.3g})"
+    return f"{head} (buffer exposed vs None: max abs difference {max_abs(fused, fallback):.3g})"
 
 
 def _report_retained(subject, report, idx, outlives_graph):

@@ -12,6 +12,7 @@ import warnings
 import torch
 
 from ._common import as_tuple, error_text, fresh_copies, is_float
+from ._core import close, max_abs, tolerances
 from ._function_info import defines_vmap, uses_setup_context
 from .report import FAILED, PASSED, SKIPPED, register
 
@@ -55,13 +56,10 @@ def _tensor_outputs(fn):
 
 
 def _close(a, b):
-    tol = 1e-4 if a.dtype in (torch.float32, torch.complex64) else 1e-2 if a.dtype in (
-        torch.float16, torch.bfloat16) else 1e-7
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if not is_float(a):
-        return torch.equal(a, b)
-    return torch.allclose(a, b, atol=tol, rtol=tol, equal_nan=True)
+    """The batched result ``a`` equals the loop's ``b``: same dtype, and
+    close within rounding (two computations of the same values)."""
+    _, atol, rtol = tolerances("rounding", [a.dtype])
+    return a.dtype == b.dtype and close(a, b, atol, rtol)
 
 
 def check(subject, report):
@@ -142,7 +140,7 @@ def _outputs_differ(subject, call, batched, in_dims):
             if g.shape != expected.shape:
                 how = f"shape {list(g.shape)}, expected {list(expected.shape)}"
             else:
-                how = f"max abs difference {float((g.double() - expected.double()).abs().max()):.3g}"
+                how = f"max abs difference {max_abs(g, expected):.3g}"
             return f"output {k} differs from the loop over the batch ({how})", _FIX
     return None
 
