@@ -240,3 +240,23 @@ def test_features_and_routes_say_who_provides_each_member_and_how():
     for member, route in routes.items():
         if route != "native":
             assert f"route: {route}" in info.stdout, (member, info.stdout)
+
+
+@pytest.mark.parametrize("mode", ["torch.no_grad()", "torch.inference_mode()"])
+def test_an_import_under_no_grad_installs_every_member_this_release_backports(mode):
+    """The installers that apply a sample Function at import (the boxed-grads
+    path of torch 2.6 to 2.12 included) set the modes they need: an import
+    under the caller's no_grad or inference_mode installs the same members as
+    a plain import, on every release (test_import_modes.py runs the whole
+    list of modes on the main release only)."""
+    code = textwrap.dedent(f"""
+        import json, torch
+        with {mode}:
+            import torch_ctxext
+        print(json.dumps(torch_ctxext.features()))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == FEATURES
