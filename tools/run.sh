@@ -4,8 +4,10 @@
 #   bash tools/run.sh check           conformance report for the installed torch (main job)
 #   bash tools/run.sh test            every test, on the CI subset of releases (what CI runs)
 #   bash tools/run.sh matrix [--keep] [--bench]
-#                                     every supported release, one at a time, and the
-#                                     compatibility matrix regenerated from their reports;
+#                                     every supported release, one at a time: its report,
+#                                     the suite on the test device and the plugin's own
+#                                     tests; the compatibility matrix regenerated from the
+#                                     reports;
 #                                     --bench also measures each release's idle and read
 #                                     cost into docs/benchmarks.json
 #   bash tools/run.sh docs            build the documentation site (warnings are errors)
@@ -266,6 +268,15 @@ matrix)
         venv=$(venv_for "$version")
         t1=$(date +%s)
         report "$version" "$venv/bin/python"
+        accelerator_tests "$version" "$venv/bin/python"
+        echo "== the plugin's own tests, torch $version"
+        # Every supported release passes them: what a test expects of a
+        # member comes from who provides it there (features()), never from
+        # a release number pinned in the test.
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts= \
+            --rootdir "$root" "$root/test" >"$out/test-$version.log" 2>&1 \
+            || { cat "$out/test-$version.log"; exit 1; }
+        tail -n 1 "$out/test-$version.log"
         t2=$(date +%s)
         if $bench; then
             "$bench_python" "$root/benchmarks/run_all.py" --from-json "$root/docs/benchmarks.json" \
