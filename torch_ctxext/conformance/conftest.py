@@ -69,6 +69,9 @@ def pytest_configure(config):
         _device.select(*_device.requested(config))
     except _device.DeviceError as e:
         raise pytest.UsageError(str(e)) from None
+    # Then torch_ctxext, before the test modules detect what torch has
+    # (``_helpers.HAS_BOXED_GRADS`` is read at their import).
+    import torch_ctxext  # noqa: F401
     config.addinivalue_line(
         "markers",
         "cpu_only(reason): a test about the CPU by nature, skipped with that reason "
