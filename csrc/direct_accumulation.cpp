@@ -275,9 +275,29 @@ bool later_producers_validated() {
   return !needs_hook() || (try_place_hook(), hook_placed.load());
 }
 
+namespace {
+// The mark this thread made last: a backward that reads the property in a
+// loop marks the same (task, node) each time, and a mark lives as long as
+// its task (records are dropped only once their task has ended). The task's
+// 64-bit id tells a task apart from an earlier one at the same address.
+struct LastMark {
+  const GraphTask* task = nullptr;
+  uint64_t id = 0;
+  const Node* node = nullptr;
+};
+thread_local LastMark last_mark;
+}  // namespace
+
 void mark_exposed(GraphTask* task, const Node* node) {
-  std::lock_guard<ForkSafeMutex> lock(registry_mutex);
-  marks.add(task, {task, node, 0}, true);
+  if (last_mark.task == task && last_mark.node == node &&
+      last_mark.id == task_id(task)) {
+    return;  // already marked in this task
+  }
+  {
+    std::lock_guard<ForkSafeMutex> lock(registry_mutex);
+    marks.add(task, {task, node, 0}, true);
+  }
+  last_mark = {task, task_id(task), node};
 }
 
 bool exposed_in(const GraphTask* task, const Node* node) {

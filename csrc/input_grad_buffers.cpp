@@ -123,14 +123,29 @@ struct Slot {
   Node* consumer = nullptr;       // set unless kNotATensor / kNoGradient
 };
 
-// Calls visit(i, slot) for each argument, under the task's mutex with the
-// GIL released (a thread holding the mutex may be waiting for the GIL).
+// Calls visit(i, slot) for each argument, under the task's mutex. A thread
+// holding the mutex may be waiting for the GIL, so this thread never waits
+// for the mutex with the GIL held: it tries the lock first (which never
+// waits, and fails when this thread already holds it), and only when that
+// fails checks the lock's owner and waits with the GIL released (the slots
+// are then visited without the GIL, as before 2.15 the engine's own
+// InputBuffer code does). The common case, an uncontended lock, costs no
+// system call and no GIL hand-over.
 template <typename Visit>
 void for_each_slot(THPFunction* ctx, Node* node, GraphTask* task,
                    Visit&& visit) {
   const std::vector<bool>& is_tensor_arg = ctx->is_variable_input;
-  PyThreadState* saved = PyEval_SaveThread();
-  try {
+  // Declared before the lock: the GIL is taken back after the lock is released.
+  struct RestoreGil {
+    PyThreadState* saved = nullptr;
+    ~RestoreGil() {
+      if (saved != nullptr) {
+        PyEval_RestoreThread(saved);
+      }
+    }
+  } gil;
+  std::unique_lock<std::mutex> lock(task->mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) {
     if (held_by_this_thread(task->mutex_)) {
       // Every engine path that holds the lock while Python runs is refused
       // above (post-processing); this stops any other from deadlocking.
@@ -139,38 +154,35 @@ void for_each_slot(THPFunction* ctx, Node* node, GraphTask* task,
           "already holds the running graph task's lock, and waiting for it "
           "would never return");
     }
-    std::lock_guard<std::mutex> lock(task->mutex_);
-    size_t edge_index = 0;
-    for (size_t i = 0; i < is_tensor_arg.size(); ++i) {
-      Slot slot;
-      if (!is_tensor_arg[i] || edge_index >= node->num_outputs()) {
-        visit(i, slot);
-        continue;
-      }
-      const auto& edge = node->next_edge(edge_index++);
-      if (!edge.is_valid()) {
-        slot.state = SlotState::kNoGradient;
-        visit(i, slot);
-        continue;
-      }
-      slot.consumer = edge.function.get();
-      slot.pos = static_cast<size_t>(edge.input_nr);
-      auto it = task->not_ready_.find(slot.consumer);
-      if (it == task->not_ready_.end() || slot.pos >= it->second.buffer.size() ||
-          !it->second.buffer[slot.pos].defined()) {
-        slot.state = SlotState::kEmpty;
-        visit(i, slot);
-        continue;
-      }
-      slot.state = SlotState::kFilled;
-      slot.buffer = &it->second;
-      visit(i, slot);
-    }
-  } catch (...) {
-    PyEval_RestoreThread(saved);
-    throw;
+    gil.saved = PyEval_SaveThread();
+    lock.lock();
   }
-  PyEval_RestoreThread(saved);
+  size_t edge_index = 0;
+  for (size_t i = 0; i < is_tensor_arg.size(); ++i) {
+    Slot slot;
+    if (!is_tensor_arg[i] || edge_index >= node->num_outputs()) {
+      visit(i, slot);
+      continue;
+    }
+    const auto& edge = node->next_edge(edge_index++);
+    if (!edge.is_valid()) {
+      slot.state = SlotState::kNoGradient;
+      visit(i, slot);
+      continue;
+    }
+    slot.consumer = edge.function.get();
+    slot.pos = static_cast<size_t>(edge.input_nr);
+    auto it = task->not_ready_.find(slot.consumer);
+    if (it == task->not_ready_.end() || slot.pos >= it->second.buffer.size() ||
+        !it->second.buffer[slot.pos].defined()) {
+      slot.state = SlotState::kEmpty;
+      visit(i, slot);
+      continue;
+    }
+    slot.state = SlotState::kFilled;
+    slot.buffer = &it->second;
+    visit(i, slot);
+  }
 }
 
 // Throws torch 2.15's error when direct accumulation into `slot` from the

@@ -55,7 +55,11 @@ bool reentrancy_guard_in_place() {
   if (variable_class == nullptr) {
     return true;  // not armed (tests of the C functions alone)
   }
-  PyObject* engine = PyObject_GetAttrString(variable_class, "_execution_engine");
+  static PyObject* const name = PyUnicode_InternFromString("_execution_engine");
+  if (name == nullptr) {
+    return false;
+  }
+  PyObject* engine = PyObject_GetAttr(variable_class, name);
   if (engine == nullptr) {
     return false;
   }
@@ -94,6 +98,20 @@ PyObject* input_grad_buffers_getter(PyObject* /*module*/, PyObject* ctx) {
     set_python_error(e);
     return nullptr;
   }
+}
+
+// The same as FunctionCtx.input_grad_buffers' Python getter does it, in one
+// call: a real ctx (judged by its type, not by isinstance, which a
+// `__class__` attribute fools) is read; anything else (a hand-made
+// FunctionCtx, a mock, a proxy) gets what torch 2.15's property gives it,
+// the attribute lookup `obj._input_grad_buffers`, and is never read by the
+// layout of a ctx.
+PyObject* input_grad_buffers_property(PyObject* module, PyObject* obj) {
+  if (torch_ctxext::is_ctx(obj)) {
+    return input_grad_buffers_getter(module, obj);
+  }
+  static PyObject* const name = PyUnicode_InternFromString("_input_grad_buffers");
+  return name == nullptr ? nullptr : PyObject_GetAttr(obj, name);
 }
 
 // ScalarType numbers as torch.dtype objects (None for -1).
@@ -162,6 +180,10 @@ bool no_other_copy_loaded() {
 PyMethodDef input_grad_buffers_def = {
     "input_grad_buffers", input_grad_buffers_getter, METH_O,
     "The engine's gradient buffer for each argument of ctx's Function."};
+PyMethodDef input_grad_buffers_property_def = {
+    "input_grad_buffers_property", input_grad_buffers_property, METH_O,
+    "FunctionCtx.input_grad_buffers: the engine's buffers for a ctx, "
+    "obj._input_grad_buffers for any other object."};
 
 }  // namespace
 
@@ -193,16 +215,21 @@ PYBIND11_MODULE(_C, m) {
   m.add_object("input_grad_buffers",
                py::reinterpret_steal<py::object>(
                    PyCFunction_New(&input_grad_buffers_def, nullptr)));
+  m.add_object("input_grad_buffers_property",
+               py::reinterpret_steal<py::object>(
+                   PyCFunction_New(&input_grad_buffers_property_def, nullptr)));
   m.def(
       "explain_input_grad_buffers",
       [](py::handle ctx) {
         return torch_ctxext::explain_input_grad_buffers(ctx.ptr());
       },
       py::arg("ctx"));
+#if TORCH_CTXEXT_NO_NATIVE_BOXED_GRADS  // boxed_grads.cpp is compiled up to 2.12 only
   m.def(
       "install_boxed_grads_path",
       [](py::handle ctx) { torch_ctxext::install_boxed_grads_path(ctx.ptr()); },
       py::arg("sample_ctx"));
+#endif
   m.def("arm_reentrancy_guard", [](py::object variable_class, py::object ensure) {
     Py_XSETREF(::variable_class, variable_class.release().ptr());
     Py_XSETREF(ensure_guard, ensure.release().ptr());

@@ -98,12 +98,13 @@ def _input_grad_buffers(self):
     (Contract text of torch 2.15, BSD-3-Clause, (c) PyTorch contributors;
     provided on this torch by torch_ctxext.)
     """
-    if issubclass(type(self), torch._C._FunctionBase):
-        return _C.input_grad_buffers(self)
-    # Anything else (a hand-made FunctionCtx, a mock or a proxy that claims
-    # to be a ctx through __class__) gets what torch 2.15's property gives it,
-    # an attribute lookup, and is never read by the layout of a ctx.
-    return self._input_grad_buffers
+    # One C call: a real ctx (judged by its type, not by ``isinstance``, which
+    # a ``__class__`` attribute can fool) is read; anything else (a hand-made
+    # FunctionCtx, a mock or a proxy that claims to be a ctx through
+    # __class__) gets what torch 2.15's property gives it, the attribute
+    # lookup ``self._input_grad_buffers``, and is never read by the layout of
+    # a ctx. The property is read in hot backward loops: no Python-level work.
+    return _read(self)
 
 
 def _engine_input_grad_buffers(self):
@@ -137,12 +138,14 @@ def _ensure_reentrancy_guard():
 
 
 _C = None
+_read = None  # _C.input_grad_buffers_property, set by install()
 
 
 def install(ext):
     """Add the property to FunctionCtx; arm the reentrancy guard."""
-    global _C
+    global _C, _read
     _C = ext
+    _read = ext.input_grad_buffers_property
     # Python getters around the C one: torch.compile inlines the property
     # while tracing a backward and falls back to eager at the C call, as it
     # does on torch 2.15; with the C function as fget it cannot.
