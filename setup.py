@@ -123,7 +123,13 @@ def extension_build(torch):
 
     ext = CppExtension(
         name="torch_ctxext._C",
-        sources=[os.path.relpath(p, HERE) for p in _sources.sources(os.path.join(HERE, "csrc"))],
+        # The generated translation units (torch_ctxext/_sources.py), under build/.
+        sources=[
+            os.path.relpath(p, HERE)
+            for p in _sources.write_units(
+                os.path.join(HERE, "csrc"), os.path.join(HERE, "build", "torch_ctxext_units"), torch.__version__
+            )
+        ],
         define_macros=_sources.define_macros(torch.__version__, torch.version.git_version),
         extra_compile_args=_sources.extra_compile_args(),
         extra_link_args=_sources.extra_link_args(),

@@ -6,6 +6,12 @@ Run it with the python of a torch that needs torch_ctxext's extension (2.12
 to 2.14); it measures this checkout's sources, in a temporary directory.
 run_all.py adds its figures to docs/benchmarks.md with ``--install``.
 
+    python benchmarks/bench_import.py --releases PY [PY...] [--json FILE]
+
+measures only the first import (the build for a new torch) from an empty
+cache on each interpreter's torch, one after another (run_all.py:
+``--remeasure builds``).
+
 First import: one process ``python -c "import torch_ctxext"`` on a
 sources-only copy of the package (what ``pip install`` leaves when the build
 cannot see torch) with an empty build cache, wall clock: the build at first
@@ -140,6 +146,65 @@ def collect(python=None, rounds=20):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def first_import_per_release(pythons):
+    """The first import (the build for a new torch) on each interpreter's
+    torch, from an empty build cache, one after another: wall clock of
+    ``python -c "import torch_ctxext"`` on a sources-only copy of this
+    checkout's package, the build's own seconds (build.json), what it
+    compiled, and the load average before and after (other load only adds
+    time). A torch that needs nothing of the extension builds nothing."""
+    rows = []
+    for python in pythons:
+        work = tempfile.mkdtemp(prefix="torch_ctxext-bench-build-")
+        try:
+            sources, cache = os.path.join(work, "site"), os.path.join(work, "cache")
+            _sources_only_copy(sources)
+            env = _env(sources, cache)
+            version = _run(python, "import torch; print(torch.__version__)", env)[1].stdout.strip()
+            bench.log(f"first import on torch {version}: empty cache")
+            load_before = os.getloadavg()
+            first, result = _run(python, "import torch_ctxext", env)
+            load_after = os.getloadavg()
+            builds = os.path.join(cache, "builds")
+            keys = [d for d in os.listdir(builds) if os.path.isdir(os.path.join(builds, d))] if os.path.isdir(builds) else []
+            record = {}
+            if keys:
+                with open(os.path.join(builds, keys[0], "build.json")) as f:
+                    record = json.load(f)
+            import_torch = min(_run(python, "import torch", env)[0] for _ in range(3))
+            rows.append({
+                "torch": version,
+                "first_import_s": first,
+                "import_torch_s": import_torch,
+                "build_s": record.get("seconds"),
+                "sources": record.get("sources", []),
+                "units": sum(line.startswith("torch_ctxext: [") for line in result.stderr.splitlines()) - 1 if keys else 0,
+                "load_average_before": load_before[0],
+                "load_average_after": load_after[0],
+                "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            })
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def builds_table(rows):
+    """The first import on each release, as a Markdown table."""
+    out = [
+        "| torch | first import (empty cache) | of which the build | compiled | `import torch` alone | load average (1 min) before / after | date |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: bench._release_key(r["torch"])):
+        built = (f"{r['build_s']:.1f} s" if r["build_s"] is not None else "no build")
+        compiled = (f"{r['units']} units: " + ", ".join(f"`{s}`" for s in r["sources"])) if r["sources"] else "nothing"
+        out.append(
+            f"| {r['torch']} | {r['first_import_s']:.1f} s | {built} | {compiled} | {r['import_torch_s']:.1f} s "
+            f"| {r['load_average_before']:.1f} / {r['load_average_after']:.1f} | {r['date']} |"
+        )
+    return "\n".join(out)
+
+
 def table(r):
     """The Markdown table of the page."""
     s = r["cached_over_package"]
@@ -160,9 +225,15 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=20, help="alternation rounds of the cached import (default 20)")
     parser.add_argument("--python", help="interpreter to measure (default: this one)")
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
+    parser.add_argument("--releases", nargs="+", metavar="PY",
+                        help="measure only the first import (the build), from an empty cache, on each of these pythons")
     args = parser.parse_args(argv)
-    results = collect(args.python, args.rounds)
-    print(table(results))
+    if args.releases:
+        results = first_import_per_release(args.releases)
+        print(builds_table(results))
+    else:
+        results = collect(args.python, args.rounds)
+        print(table(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, sort_keys=True)

@@ -480,6 +480,22 @@ def render_page(results, command):
             ],
             "",
         ]
+    if "build_releases" in results:
+        import bench_import
+
+        lines += [
+            "## The first import on each release: the build",
+            "",
+            "`python -c \"import torch_ctxext\"` on a sources-only copy of this checkout's "
+            "package with an empty build cache (`bench_import.py --releases`, one release after "
+            "another): what a user waits for once per torch. The sources are compiled in at most "
+            "two generated translation units (`torch_ctxext/_sources.py`), leaving out those "
+            "whose member the torch provides; torch 2.15 needs nothing and builds nothing. "
+            "Other load on the machine only adds time: the load average is given.",
+            "",
+            bench_import.builds_table(results["build_releases"]),
+            "",
+        ]
     lines += ["## How it is measured", "", METHOD]
     return "\n".join(lines)
 
@@ -528,13 +544,14 @@ def main(argv=None):
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
     )
     parser.add_argument(
-        "--remeasure", choices=["check_function", "model", "install", "releases", "read"], action="append", default=[],
+        "--remeasure", choices=["check_function", "model", "install", "releases", "read", "builds"], action="append", default=[],
         help="with --from-json: measure this part again (with --torch-2-13 / this "
         "interpreter and --torch-2-15 where given) and keep the rest of the earlier "
         "results; 'model' is the shared-layer model (benchmarks/bench_model.py, 5 to 8 "
         "minutes, needs --torch-2-15); 'releases' the idle and read cost on each of "
         "--other-releases (read against --torch-2-15), merged release by release; "
-        "'read' the read cost on 2.13 against --torch-2-15",
+        "'read' the read cost on 2.13 against --torch-2-15; 'builds' the first import "
+        "(the build) from an empty cache on 2.13, --torch-2-15 and each of --other-releases",
     )
     args = parser.parse_args(argv)
     plt = _pyplot()
@@ -574,6 +591,14 @@ def main(argv=None):
                 parser.error("--remeasure read needs --torch-2-15 (the native side)")
             read = bench.collect(args.torch_2_13, args.torch_2_15, quick=results["quick"], measures=["read"])
             results["read"] = read["read"]
+        if "builds" in args.remeasure:
+            import bench_import
+
+            pythons = [args.torch_2_13 or sys.executable] + [p for p in [args.torch_2_15] if p]
+            pythons += [p.partition(":")[0] for p in args.other_releases or []]
+            rows = {r["torch"]: r for r in results.get("build_releases", [])}
+            rows.update({r["torch"]: r for r in bench_import.first_import_per_release(pythons)})
+            results["build_releases"] = list(rows.values())
         if "releases" in args.remeasure:
             if not args.other_releases:
                 parser.error("--remeasure releases needs --other-releases")

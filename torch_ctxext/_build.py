@@ -293,7 +293,7 @@ def _write_log_header(log, key, csrc, reason):
             f"python   {sys.executable} {sys.version.split()[0]}\n"
             f"compiler {os.environ.get('CXX', 'c++')} -> {shutil.which(_compiler())}\n"
             f"ninja    {_find_ninja()}\n"
-            f"sources  {csrc}: {' '.join(os.path.basename(s) for s in _sources.sources(csrc))}\n\n"
+            f"sources  {csrc}: {' '.join(os.path.basename(s) for s in _sources.sources(csrc, torch.__version__))}\n\n"
         )
 
 
@@ -450,7 +450,7 @@ def _compile(partial, csrc, log):
     process, showing ninja's progress; raise ExtensionBuildError on failure."""
     spec = {
         "parent": os.getpid(),
-        "sources": _sources.sources(csrc),
+        "sources": _sources.write_units(csrc, partial, torch.__version__),
         "cflags": _sources.jit_cflags(torch.__version__, torch.version.git_version),
         "ldflags": _sources.extra_link_args(),
         "directory": partial,
@@ -635,7 +635,7 @@ def _build_holding_the_lock(reason, force, csrc, root, key, log, failed):
         "torch_git": torch.version.git_version,
         "python": sys.implementation.cache_tag,
         "fingerprint": _build_cache.fingerprint(csrc),
-        "sources": [os.path.basename(s) for s in _sources.sources(csrc)],
+        "sources": [os.path.basename(s) for s in _sources.sources(csrc, torch.__version__)],
         "csrc": csrc,
         "built_at": _now(),
         "seconds": round(seconds, 1),

@@ -79,7 +79,9 @@ def fingerprint(csrc):
         with open(path, "rb") as f:
             digest.update(b"source\0%s\0%s" % (os.path.basename(path).encode(), f.read()))
     flags = _sources.jit_cflags(torch.__version__, torch.version.git_version) + _sources.extra_link_args()
-    digest.update(json.dumps([flags, sys.implementation.cache_tag, platform.machine()]).encode())
+    # How the sources are put together (_sources.UNITS): what each translation unit includes.
+    units = [[name, [os.path.basename(m) for m in members]] for name, members in _sources.units(csrc, torch.__version__)]
+    digest.update(json.dumps([flags, units, sys.implementation.cache_tag, platform.machine()]).encode())
     return digest.hexdigest()
 
 
