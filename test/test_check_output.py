@@ -45,7 +45,7 @@ def test_check_exits_1_when_the_contract_is_broken(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     done = check("-k", SUBSET, "--", "-p", "break_it", env=env)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert re.search(r"^FAILED test_save_for_forward\.py::\w+.* - RuntimeError: broken on purpose", done.stdout, re.M), done.stdout
+    assert re.search(r"^FAILED \S*test_save_for_forward\.py::\w+.* - RuntimeError: broken on purpose", done.stdout, re.M), done.stdout
     assert done.stdout.rstrip().endswith("verdict: does not conform")
 
 
