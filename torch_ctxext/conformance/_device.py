@@ -177,6 +177,33 @@ def device_count():
     return device_module().device_count()
 
 
+# Where an accelerator test runs its forward: the device's default stream, a
+# side stream, the second device (where there is one).
+PLACES = ["default stream", "side stream", "second device"]
+
+
+def place(where):
+    """(device, stream to run the forward on or None) for ``where``; skips
+    the test where the device has one device only."""
+    import pytest
+
+    device = _selected
+    if where == "second device":
+        device = second_device()
+        if device is None:
+            pytest.skip("the device has one device only")
+        return device, None
+    return device, (new_stream(device) if where == "side stream" else None)
+
+
+def run_on(s, fn):
+    """``fn()`` with ``s`` (a stream, or None: as it is) current."""
+    if s is None:
+        return fn()
+    with stream(s):
+        return fn()
+
+
 def second_device():
     """Another device of the same type, or None where there is only one."""
     if device_count() < 2:

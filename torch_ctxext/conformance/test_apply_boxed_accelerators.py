@@ -23,18 +23,11 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("where", ["default stream", "side stream", "second device"])
+@pytest.mark.parametrize("where", _device.PLACES)
 def test_backward_receives_the_device_grads_in_one_list_it_may_free(where):
     """The grads arrive as a list of the device's tensors, on the forward's
     stream; clearing the list frees them while backward still runs."""
-    device = _device.selected()
-    stream = None
-    if where == "second device":
-        device = _device.second_device()
-        if device is None:
-            pytest.skip("the device has one device only")
-    elif where == "side stream":
-        stream = _device.new_stream(device)
+    device, stream = _device.place(where)
     seen = {}
 
     class Fanout(Function):
@@ -56,11 +49,7 @@ def test_backward_receives_the_device_grads_in_one_list_it_may_free(where):
             return total
 
     x = torch.tensor([1.0, 2.0], device=device, requires_grad=True)
-    if stream is None:
-        a, b = Fanout.apply(x)
-    else:
-        with _device.stream(stream):
-            a, b = Fanout.apply(x)
+    a, b = _device.run_on(stream, lambda: Fanout.apply(x))
     ((a * 3).sum() + (b * 5).sum()).backward()
     _device.synchronize()
     assert seen["list"] and seen["devices"] == [device, device]

@@ -68,27 +68,7 @@ def exposed(entries):
     return [entry is not None for entry in entries]
 
 
-# Where the forward runs: the device's default stream, a side stream, the
-# second device (where there is one).
-PLACES = ["default stream", "side stream", "second device"]
-
-
-def place(where):
-    """(device, stream to run the forward on or None) for ``where``."""
-    device = _device.selected()
-    if where == "second device":
-        device = _device.second_device()
-        if device is None:
-            pytest.skip("the device has one device only")
-        return device, None
-    return device, (_device.new_stream(device) if where == "side stream" else None)
-
-
-def run_on(stream, fn):
-    if stream is None:
-        return fn()
-    with _device.stream(stream):
-        return fn()
+PLACES, place, run_on = _device.PLACES, _device.place, _device.run_on
 
 
 def leaves(device, dtype, *rows):

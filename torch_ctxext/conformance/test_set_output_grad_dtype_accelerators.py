@@ -15,17 +15,7 @@ except ImportError:  # run as plain files
 
 pytestmark = pytest.mark.accelerator
 
-PLACES = ["default stream", "side stream", "second device"]
-
-
-def place(where):
-    device = _device.selected()
-    if where == "second device":
-        device = _device.second_device()
-        if device is None:
-            pytest.skip("the device has one device only")
-        return device, None
-    return device, (_device.new_stream(device) if where == "side stream" else None)
+PLACES, place, run_on = _device.PLACES, _device.place, _device.run_on
 
 
 @pytest.mark.parametrize("declared", [torch.float64, torch.float16, torch.bfloat16, None])
@@ -50,11 +40,7 @@ def test_each_declaration_applies_to_the_gradient_backward_receives_on_the_devic
             return (g * 2).to(torch.float32)
 
     x = torch.tensor([1.0, 2.0], device=device, requires_grad=True)
-    if stream is None:
-        y = Declared.apply(x)
-    else:
-        with _device.stream(stream):
-            y = Declared.apply(x)
+    y = run_on(stream, lambda: Declared.apply(x))
     root_dtype = torch.float64 if declared is None else torch.float32
     torch.autograd.backward(y, torch.ones(2, dtype=root_dtype, device=device))
     _device.synchronize()
