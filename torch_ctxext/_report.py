@@ -55,6 +55,16 @@ def info_table(features, torch_version, torch_git_version, routes=None):
     return "\n".join(lines)
 
 
+def _tally(rows):
+    """The outcome counts of a member's tests, as the report states them."""
+    return {
+        "passed": sum(r["outcome"] == "passed" for r in rows),
+        "failed": sum(r["outcome"] == "failed" for r in rows),
+        "skipped": sum(r["outcome"] in ("skipped", "xfailed") for r in rows),
+        "upstream_deviations": sum(r["outcome"] == "deviation" for r in rows),
+    }
+
+
 class _Collector:
     """A pytest plugin recording each test's outcome under its member, and
     the warnings the suite's tests raised; with ``progress``, it prints a
@@ -103,17 +113,8 @@ class _Collector:
         self.done[member] = self.done.get(member, 0) + 1
         if self.progress is None or self.done[member] != self.totals.get(member):
             return
-        rows = [r for r in self.results if r["member"] == member]
-        counts = [
-            f"{n} {word}"
-            for word, n in (
-                ("passed", sum(r["outcome"] == "passed" for r in rows)),
-                ("failed", sum(r["outcome"] == "failed" for r in rows)),
-                ("skipped", sum(r["outcome"] in ("skipped", "xfailed") for r in rows)),
-                ("upstream deviations", sum(r["outcome"] == "deviation" for r in rows)),
-            )
-            if n
-        ]
+        tally = _tally([r for r in self.results if r["member"] == member])
+        counts = [f"{n} {key.replace('_', ' ')}" for key, n in tally.items() if n]
         finished = sum(1 for m, n in self.done.items() if n == self.totals.get(m))
         self.progress.write(f"[{finished:>2}/{len(self.totals)}] {member:<25}{', '.join(counts)}\n")
         self.progress.flush()
@@ -153,9 +154,8 @@ def run_suite(select=None, extra_pytest_args=(), device="cpu", verbose=False, pr
         args += ["-k", select]
     args += list(extra_pytest_args)
     held_back = io.StringIO()
-    quiet = contextlib.nullcontext() if verbose else contextlib.ExitStack()
-    with quiet as stack:
-        if stack is not None:
+    with contextlib.ExitStack() as stack:
+        if not verbose:
             stack.enter_context(contextlib.redirect_stdout(held_back))
             stack.enter_context(contextlib.redirect_stderr(held_back))
         try:
@@ -175,14 +175,7 @@ def run_suite(select=None, extra_pytest_args=(), device="cpu", verbose=False, pr
     members = {}
     for name in MEMBERS:
         rows = [r for r in collector.results if r["member"] == name]
-        members[name] = {
-            "provider": features[name],
-            "route": routes[name],
-            "passed": sum(r["outcome"] == "passed" for r in rows),
-            "failed": sum(r["outcome"] == "failed" for r in rows),
-            "skipped": sum(r["outcome"] in ("skipped", "xfailed") for r in rows),
-            "upstream_deviations": sum(r["outcome"] == "deviation" for r in rows),
-        }
+        members[name] = {"provider": features[name], "route": routes[name], **_tally(rows)}
     failed = [r["test"] for r in collector.results if r["outcome"] == "failed"]
     deviations = [r["test"] for r in collector.results if r["outcome"] == "deviation"]
     ran = sum(m["passed"] + m["failed"] for m in members.values())

@@ -74,8 +74,10 @@ def select(name, module=None):
             "registered PrivateUse1 backend (name the module that registers it with "
             "--device-module)"
         ) from None
-    if device.type in ("cpu", "meta"):
-        _selected = torch.device("cpu") if device.type == "cpu" else _refuse_meta()
+    if device.type == "meta":
+        raise DeviceError("device 'meta' has no data: the contract is about gradients, run on a real device")
+    if device.type == "cpu":
+        _selected = torch.device("cpu")
         return _selected
     device_module = getattr(torch, device.type, None)
     available = getattr(device_module, "is_available", None)
@@ -92,10 +94,6 @@ def select(name, module=None):
     _check_engine_runs(device)
     _selected = device
     return device
-
-
-def _refuse_meta():
-    raise DeviceError("device 'meta' has no data: the contract is about gradients, run on a real device")
 
 
 def _check_engine_runs(device):
