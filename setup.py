@@ -29,8 +29,6 @@ from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VERSION = "0.1.0"
-SUPPORTED = ">=2.6,<2.16"
-SUPPORTED_RANGE = ((2, 6), (2, 15))
 
 
 def _load_sources_module():
@@ -44,6 +42,9 @@ def _load_sources_module():
 
 
 _sources = _load_sources_module()
+# The supported torch releases (torch_ctxext/_releases.py, which _sources loads).
+_releases = _sources._releases
+SUPPORTED = _releases.requirement()
 
 
 def _notice(message):
@@ -70,8 +71,7 @@ def torch_to_build_against():
             "built for the running torch at first import."
         )
         return None
-    release = tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])
-    if not SUPPORTED_RANGE[0] <= release <= SUPPORTED_RANGE[1]:
+    if not _releases.supported(torch.__version__):
         if mode == "1":
             sys.exit(f"torch_ctxext: torch {torch.__version__} is not supported (torch{SUPPORTED}).")
         _notice(f"torch {torch.__version__} is not supported (torch{SUPPORTED}): installing the sources only.")

@@ -1,8 +1,8 @@
 // Where torch_ctxext reads autograd-engine internals by layout.
 //
-// Everything that depends on how a particular torch release lays out its
-// engine structures lives here, so that supporting another release means
-// changing this file only. The extension is built against the headers of the
+// What depends on how a particular torch release lays out its engine
+// structures is read through this file; the releases themselves are named in
+// torch_ctxext/_releases.py only (the boundaries below). The extension is built against the headers of the
 // installed torch and refuses (in Python, before loading, and again here at
 // load time) to run against any other build.
 #pragma once
@@ -12,7 +12,6 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/function.h>  // node.h from 2.13; function.h on all
 #include <torch/csrc/autograd/python_function.h>
-#include <torch/version.h>
 
 #include <ATen/CachedTensorUtils.h>
 #include <ATen/DeviceAccelerator.h>
@@ -28,54 +27,83 @@
 
 // --- Where torch releases differ (measured on 2.6 to 2.15) ---------------------
 //
-// Each boundary is the newest release that still has the old behaviour; the
-// code below branches on it, never on a release list. See
-// docs/compatibility.md for what each boundary means for users.
+// Each boundary is a macro TORCH_CTXEXT_<NAME>, 1 on the releases up to the
+// newest that still has the old behaviour, else 0. The build defines them
+// from torch_ctxext/_releases.py (BOUNDARIES: the one place that says which
+// release each boundary falls on; adding a release changes that file only),
+// and module.cpp exports them back as _C.boundaries, which the package
+// compares with _releases at load. The code branches on them, never on a
+// release number. What each boundary means for users: docs/compatibility.md.
+//
+// WEAK_CTX_NODE (2.12)
+//   files: engine_layout.h, engine_layout.cpp, input_grad_buffers.cpp
+//   THPFunction::cdata is a std::weak_ptr<PyNode> (an intrusive_ptr from 2.13).
+// NO_NATIVE_BOXED_GRADS (2.12)
+//   files: boxed_grads.cpp, module.cpp (and _sources.py compiles
+//   boxed_grads.cpp only on this side): PyNode::apply cannot box grads.
+// NO_STALE_CAPTURE_OVERRIDE (2.12)
+//   files: direct_accumulation.cpp, input_grad_buffers.cpp
+//   No stale-capture stream override (at::Context::overrideStaleCaptureStream,
+//   InputBuffer::opt_overridden_consumer_stream appear in 2.13).
+// STEALABLE_BY_USE_COUNT (2.9)
+//   files: engine_layout.h
+//   A. The engine decides whether it may accumulate into a buffer slot in
+//   place by at::caching::adjusted_use_count(v) == 1 (PyObject preservation
+//   made a dropped Python wrapper owned by the TensorImpl, so it does not
+//   count); from 2.10 by impl::is_tensor_stealable, which discounts such a
+//   wrapper explicitly (new PyObject preservation: the wrapper holds a count).
+// ENGINE_CASTS_TO_OPTIONS_DTYPE (2.9)
+//   files: engine_layout.h, engine_layout.cpp, output_grad_dtype.h,
+//   output_grad_dtype.cpp, module.cpp
+//   B. InputMetadata has no grad_dtype_: validate_outputs casts every incoming
+//   gradient to the dtype in InputMetadata::options_ (from 2.10 to
+//   grad_dtype_, the output's dtype unless set_grad_dtype changed it, and not
+//   at all when that is nullopt). C. Hence a gradient declared "uncast"
+//   (set_output_grad_dtype(None)) is cast anyway unless validate_outputs is
+//   hooked (output_grad_dtype.h).
+// ADD_WITHOUT_CONSUMER_NODE (2.9)
+//   files: direct_accumulation.cpp
+//   InputBuffer::add(pos, var, producer stream, consumer stream) takes no
+//   consumer Node* (a fifth parameter from 2.10), and the hook that validates
+//   producers reaching an exposed slot later needs it to find the slot's
+//   record. Where that hook would be needed (a process with accelerators),
+//   slots that still expect later producers are therefore not exposed on
+//   these releases.
+// NO_SLOT_STREAMS (2.7)
+//   files: engine_layout.h
+//   D. InputBuffer keeps only `buffer`; the per-slot accumulation and ready
+//   streams (opt_accum_streams, ready_streams) the direct-accumulation rules
+//   check appear in 2.8.
+// OLD_ACCELERATOR_API (2.6)
+//   files: engine_layout.h
+//   at::isAccelerator (namespace at) is the only spelling;
+//   at::accelerator::isAccelerator from 2.7. (The 2.6 wheels are also the
+//   only ones built with the old C++ ABI, _GLIBCXX_USE_CXX11_ABI=0, which
+//   changes every mangled name that mentions std::string: output_grad_dtype.cpp
+//   branches on torch's own macro for that.)
+//
+// Each boundary: NAME (the newest release on its old side), the files whose
+// #if branches on it, what the old side does. test/test_release_facts.py
+// checks that this names every boundary of _releases.py, with its release and
+// exactly the files that branch on it.
 
-#define TORCH_CTXEXT_TORCH_AT_MOST(minor) \
-  (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR <= (minor))
+#define TORCH_CTXEXT_BOUNDARIES(X) \
+  X(WEAK_CTX_NODE)                 \
+  X(NO_NATIVE_BOXED_GRADS)         \
+  X(NO_STALE_CAPTURE_OVERRIDE)     \
+  X(STEALABLE_BY_USE_COUNT)        \
+  X(ENGINE_CASTS_TO_OPTIONS_DTYPE) \
+  X(ADD_WITHOUT_CONSUMER_NODE)     \
+  X(NO_SLOT_STREAMS)               \
+  X(OLD_ACCELERATOR_API)
 
-// <= 2.12: THPFunction::cdata is a std::weak_ptr<PyNode> (an intrusive_ptr
-// from 2.13), and PyNode::apply cannot box grads (native from 2.13).
-#define TORCH_CTXEXT_WEAK_CTX_NODE TORCH_CTXEXT_TORCH_AT_MOST(12)
-#define TORCH_CTXEXT_NO_NATIVE_BOXED_GRADS TORCH_CTXEXT_TORCH_AT_MOST(12)
-
-// <= 2.12: no stale-capture stream override (at::Context::
-// overrideStaleCaptureStream, InputBuffer::opt_overridden_consumer_stream
-// appear in 2.13).
-#define TORCH_CTXEXT_NO_STALE_CAPTURE_OVERRIDE TORCH_CTXEXT_TORCH_AT_MOST(12)
-
-// <= 2.9 (boundaries A, B and C):
-// A. The engine decides whether it may accumulate into a buffer slot in
-//    place by at::caching::adjusted_use_count(v) == 1 (PyObject preservation
-//    made a dropped Python wrapper owned by the TensorImpl, so it does not
-//    count); from 2.10 by impl::is_tensor_stealable, which discounts such a
-//    wrapper explicitly (new PyObject preservation: the wrapper holds a count).
-// B. InputMetadata has no grad_dtype_: validate_outputs casts every incoming
-//    gradient to the dtype in InputMetadata::options_ (from 2.10 to
-//    grad_dtype_, the output's dtype unless set_grad_dtype changed it, and
-//    not at all when that is nullopt).
-// C. Hence a gradient declared "uncast" (set_output_grad_dtype(None)) is cast
-//    anyway unless validate_outputs is hooked (output_grad_dtype.h).
-#define TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE TORCH_CTXEXT_TORCH_AT_MOST(9)
-// Also <= 2.9: InputBuffer::add(pos, var, producer stream, consumer stream)
-// takes no consumer Node* (a fifth parameter from 2.10), and the hook that
-// validates producers reaching an exposed slot later needs it to find the
-// slot's record (direct_accumulation.cpp). Where that hook would be needed
-// (a process with accelerators), slots that still expect later producers
-// are therefore not exposed on these releases.
-#define TORCH_CTXEXT_ADD_WITHOUT_CONSUMER_NODE TORCH_CTXEXT_TORCH_AT_MOST(9)
-
-// <= 2.7 (boundary D): InputBuffer keeps only `buffer`; the per-slot
-// accumulation and ready streams (opt_accum_streams, ready_streams) the
-// direct-accumulation rules check appear in 2.8.
-#define TORCH_CTXEXT_NO_SLOT_STREAMS TORCH_CTXEXT_TORCH_AT_MOST(7)
-
-// <= 2.6: at::isAccelerator (namespace at) is the only spelling;
-// at::accelerator::isAccelerator from 2.7. The 2.6 wheels are also the only
-// ones built with the old C++ ABI (_GLIBCXX_USE_CXX11_ABI=0), which changes
-// every mangled name that mentions std::string (output_grad_dtype.cpp).
-#define TORCH_CTXEXT_OLD_ACCELERATOR_API TORCH_CTXEXT_TORCH_AT_MOST(6)
+#if !defined(TORCH_CTXEXT_WEAK_CTX_NODE) || !defined(TORCH_CTXEXT_NO_NATIVE_BOXED_GRADS) ||       \
+    !defined(TORCH_CTXEXT_NO_STALE_CAPTURE_OVERRIDE) || !defined(TORCH_CTXEXT_STEALABLE_BY_USE_COUNT) || \
+    !defined(TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE) ||                                       \
+    !defined(TORCH_CTXEXT_ADD_WITHOUT_CONSUMER_NODE) || !defined(TORCH_CTXEXT_NO_SLOT_STREAMS) ||  \
+    !defined(TORCH_CTXEXT_OLD_ACCELERATOR_API)
+#error "torch_ctxext: a release boundary macro is not defined: build with setup.py or torch_ctxext's own build, which define them from torch_ctxext/_releases.py"
+#endif
 
 namespace torch_ctxext {
 
@@ -97,7 +125,7 @@ inline bool is_accelerator(c10::DeviceType type) {
 // (input_buffer.cpp, can_accumulate_inplace). A cached tensor (CUDA graphs)
 // is owned once more by the cache.
 inline bool uniquely_owned_by_buffer(const at::Tensor& v) {
-#if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+#if TORCH_CTXEXT_STEALABLE_BY_USE_COUNT
   return at::caching::adjusted_use_count(v) == 1;
 #else
   return torch::autograd::impl::is_tensor_stealable(

@@ -278,12 +278,14 @@ PYBIND11_MODULE(_C, m) {
     d["not_ready"] = f.not_ready;
     return d;
   });
-  // What this build does per torch release (engine_layout.h), for
-  // features(), `info` and the tests.
-  m.attr("engine_casts_every_gradient") =
-      bool(TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE);
-  m.attr("later_producers_hookable") = !TORCH_CTXEXT_ADD_WITHOUT_CONSUMER_NODE;
-  m.attr("slots_record_streams") = torch_ctxext::slots_record_streams();
+  // The release boundaries this build was compiled with (engine_layout.h):
+  // the package compares them with torch_ctxext/_releases.py at load, and
+  // features(), `info` and the tests describe each route from them.
+  py::dict boundaries;
+#define TORCH_CTXEXT_EXPORT_BOUNDARY(name) boundaries[#name] = bool(TORCH_CTXEXT_##name);
+  TORCH_CTXEXT_BOUNDARIES(TORCH_CTXEXT_EXPORT_BOUNDARY)
+#undef TORCH_CTXEXT_EXPORT_BOUNDARY
+  m.attr("boundaries") = boundaries;
 #if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
   // set_output_grad_dtype(None) through the validate_outputs wrapper.
   m.def("uncast_gradients_available", &torch_ctxext::uncast_gradients_available);

@@ -119,7 +119,7 @@ FUSED_WITH_LATER_PRODUCERS = """
 def later_producers_hookable():
     from torch_ctxext import _extension
 
-    return _extension.load().later_producers_hookable
+    return not _extension.load().boundaries["ADD_WITHOUT_CONSUMER_NODE"]
 
 
 needs_producer_hook = pytest.mark.skipif(

@@ -12,7 +12,7 @@ from torch.autograd.function import BackwardCFunction, Function, FunctionCtx
 from torch.autograd.variable import Variable
 
 import torch_ctxext
-from torch_ctxext import _features
+from torch_ctxext import _features, _releases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,7 +100,11 @@ def test_an_unsupported_torch_is_refused_at_import_naming_the_supported_releases
         """
     )
     assert result.returncode != 0
-    assert "ImportError: torch_ctxext supports torch 2.6 to 2.15, but torch 2.5.1 is installed" in result.stderr
+    assert (
+        f"ImportError: torch_ctxext supports torch {_releases.range_text()}, but torch 2.5.1 is installed"
+        in result.stderr
+    )
+    assert f"pip install 'torch{_releases.requirement()}'" in result.stderr
 
 
 needs_extension = pytest.mark.skipif(

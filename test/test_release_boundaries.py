@@ -37,7 +37,7 @@ def extension():
 
 
 CASTS_EVERY_GRADIENT = (
-    FEATURES["set_output_grad_dtype"] == "torch_ctxext" and extension().engine_casts_every_gradient
+    FEATURES["set_output_grad_dtype"] == "torch_ctxext" and extension().boundaries["ENGINE_CASTS_TO_OPTIONS_DTYPE"]
 )
 needs_uncast_wrapper = pytest.mark.skipif(
     not CASTS_EVERY_GRADIENT,

@@ -122,6 +122,16 @@ def test_the_same_library_loaded_again_from_another_path_is_refused_naming_both(
     assert "a second copy would replace the first one's hooks" in output, output
 
 
+def vendor_a_copy(target):
+    """A copy of this torch_ctxext under another name, with its C++ sources
+    inside, as a library that vendors it would ship it (and as an installed
+    copy carries them; a checkout keeps csrc/ beside the package)."""
+    package = os.path.dirname(torch_ctxext.__file__)
+    shutil.copytree(package, target, ignore=shutil.ignore_patterns("__pycache__"))
+    if not os.path.isdir(os.path.join(target, "csrc")):
+        shutil.copytree(os.path.join(os.path.dirname(package), "csrc"), os.path.join(target, "csrc"))
+
+
 @pytest.mark.skipif(
     _extension.loaded is not None and _extension.loaded.origin == "package",
     reason="this copy carries its own build (compiled in place): a vendored copy of it would "
@@ -133,11 +143,7 @@ def test_a_vendored_copy_of_the_package_reports_the_refusal_in_features(tmp_path
     # missing (one the installed copy does not provide, say a newer member):
     # simulated by hiding the first copy's input_grad_buffers while the
     # vendored copy is imported.
-    shutil.copytree(
-        os.path.dirname(torch_ctxext.__file__),
-        tmp_path / "vendored_ctxext",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    vendor_a_copy(tmp_path / "vendored_ctxext")
     code, output = run(
         """
         import sys, warnings
@@ -178,11 +184,7 @@ def test_a_vendored_copy_imported_second_says_the_members_are_the_first_copys_no
     """Every member the installed copy provides is already there when the
     vendored copy is imported: it loads nothing, and says who provides them
     (torch_ctxext, from the other copy), never "native"."""
-    shutil.copytree(
-        os.path.dirname(torch_ctxext.__file__),
-        tmp_path / "vendored_ctxext",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    vendor_a_copy(tmp_path / "vendored_ctxext")
     code, output = run(
         """
         import sys

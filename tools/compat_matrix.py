@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import re
+import runpy
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,8 +25,8 @@ KEPT = os.path.join(ROOT, "docs", "compat")
 BEGIN, END = "<!-- compatibility matrix: begin -->", "<!-- compatibility matrix: end -->"
 
 
-def release(version):
-    return tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+# The release facts (stdlib only, read by path: this tool runs without torch).
+release = runpy.run_path(os.path.join(ROOT, "torch_ctxext", "_releases.py"))["release"]
 
 
 def label(report):

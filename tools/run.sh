@@ -27,19 +27,16 @@ shopt -s inherit_errexit  # a failing step inside $(...) stops the run too
 job=${1:?usage: bash tools/run.sh check|test|matrix [--keep] [--bench]|docs}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TORCH_CTXEXT_CACHE:-$HOME/.cache/torch_ctxext}
-default_torch=${TORCH_CTXEXT_TORCH:-2.13.0}
-main=2.13.0
-reference=2.15.0
+# The releases: torch_ctxext/_releases.py (the one place; standard library only).
+facts() { python3 "$root/torch_ctxext/_releases.py" "$1"; }
+main=$(facts default)
+default_torch=${TORCH_CTXEXT_TORCH:-$main}
+reference=$(facts reference)
 # Every supported release (the latest patch of each minor): `matrix`.
-releases=(2.6.0 2.7.1 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0)
-# What `test` runs besides $main: every code path of csrc/engine_layout.h.
-#   2.6.0   the oldest supported: old C++ ABI, at::isAccelerator, vmap's out_dims,
-#           no per-slot accumulation streams (boundary D; 2.7 is the same
-#           path, checked by `matrix`)
-#   2.9.1   the newest whose engine casts every gradient (A, B, C)
-#   2.12.1  the newest with a weak ctx node and no native boxed grads
-#   2.15.0  everything native: the reference
-ci_releases=(2.6.0 2.9.1 2.12.1 2.15.0)
+read -ra releases <<<"$(facts releases)"
+# What `test` runs besides $main: one release per path of the release
+# boundaries (CI_RELEASES in _releases.py says which path each covers).
+read -ra ci_releases <<<"$(facts ci-releases)"
 if [ -n "${TORCH_CTXEXT_CI_RELEASES:-}" ]; then read -ra ci_releases <<<"$TORCH_CTXEXT_CI_RELEASES"; fi
 oldest=${releases[0]}
 matrix_releases=("${releases[@]}")
@@ -53,7 +50,7 @@ pip_env() {  # pip_env VERSION -> the environment pip runs with for that release
     # This machine's pip configuration caps torch at what lies on its disk
     # (2.13.0); the other releases come from the package index itself.
     # No cache: it would double the disk each release takes (5 to 7 GB).
-    if [ "$1" = 2.13.0 ]; then echo PIP_NO_CACHE_DIR=1; else echo PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1; fi
+    if [ "$1" = "$main" ]; then echo PIP_NO_CACHE_DIR=1; else echo PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1; fi
 }
 
 install_torch_ctxext() {  # install_torch_ctxext VENV: the sources; the first import builds
@@ -87,14 +84,14 @@ accelerator_tests() {  # accelerator_tests VERSION PYTHON [ENV...]: the suite on
     "$python" "$root/tools/count_accelerator_tests.py" "$out/device-$version.xml"
 }
 
-docs_venv() {  # torch 2.13.0 + torch_ctxext + the documentation tools
+docs_venv() {  # torch $main (2.13.0) + torch_ctxext + the documentation tools
     local dir=$cache/venv-docs
-    if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '2.13.0'" 2>/dev/null; then
+    if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$main'" 2>/dev/null; then
         rm -rf "$dir"
         python3 -m venv "$dir"
-        env $(pip_env 2.13.0) "$dir/bin/python" -m pip install -q torch==2.13.0 >&2
+        env $(pip_env "$main") "$dir/bin/python" -m pip install -q "torch==$main" >&2
     fi
-    env $(pip_env 2.13.0) "$dir/bin/python" -m pip install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
+    env $(pip_env "$main") "$dir/bin/python" -m pip install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
     install_torch_ctxext "$dir"
     echo "$dir"
 }

@@ -45,13 +45,9 @@ if any(_features.lacks(member) for member, _ in _INSTALLERS):
         _features.UNAVAILABLE.update(_layout_check.unavailable_members(_ext))
         for _member, _module in _INSTALLERS:
             if _member in _missing and _member not in _features.UNAVAILABLE:
-                _installer = importlib.import_module(_module, __name__)
-                # A member this release's engine cannot carry says why.
-                _why = getattr(_installer, "unavailable_reason", lambda ext: None)(_ext)
-                if _why:
-                    _features.UNAVAILABLE[_member] = _why
-                else:
-                    _installer.install(_ext)
+                # Each installer says what it installed, or why it could not.
+                _installed = importlib.import_module(_module, __name__).install(_ext)
+                _features.record(_installed, _member)
 
 
 # The checker (testing/, thousands of lines) and explain() are for tests and

@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from . import _build, _build_cache
+from . import _build, _build_cache, _releases
 from ._build import ExtensionBuildError  # noqa: F401  (raised by load())
 
 REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps torch_ctxext"
@@ -126,6 +126,23 @@ def _import(path):
     return module
 
 
+def _check_boundaries(compiled, path):
+    """Refuse a build whose release boundaries (csrc/engine_layout.h, as the
+    build defined them) are not those _releases gives the running torch: a
+    build made before _releases.py was edited would take another route than
+    the one features() describes. (A build in the cache cannot differ: its
+    key covers the macros.)"""
+    expected = _releases.boundaries(torch.__version__)
+    if dict(compiled) != expected:
+        differ = sorted(k for k in set(compiled) | set(expected) if compiled.get(k) != expected.get(k))
+        raise BuildMismatchError(
+            f"torch_ctxext's extension {path} was compiled with other release "
+            f"boundaries than torch_ctxext/_releases.py gives torch {torch.__version__} "
+            f"(differ: {', '.join(differ)}): reinstall with `{REBUILD}` "
+            "(`.` instead of torch_ctxext in a checkout)."
+        )
+
+
 @functools.lru_cache(maxsize=None)
 def load():
     """Return the torch_ctxext._C module built for the running torch.
@@ -153,5 +170,6 @@ def load():
     module = _import(path)
     if not _same_build(module.built_for_torch, module.built_for_git_version):
         raise _mismatch(module.built_for_torch, module.built_for_git_version)
+    _check_boundaries(module.boundaries, path)
     loaded = Loaded(path, origin, module.built_for_torch, module.built_for_git_version)
     return module

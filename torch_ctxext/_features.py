@@ -1,8 +1,11 @@
 """Which member of the ctx contract the running torch provides, and how."""
+import collections
 import warnings
 
 import torch
 from torch.autograd.function import BackwardCFunction, FunctionCtx
+
+from . import _releases
 
 # The members of the documented ctx contract, and where each lives.
 MEMBERS = (
@@ -30,23 +33,18 @@ def member_of_test_module(filename):
     return name
 
 
-SUPPORTED_RANGE = ((2, 6), (2, 15))
-
-
 def torch_release(version=None):
-    """(major, minor) of a torch version string such as '2.13.0+cpu'."""
-    parts = (version or torch.__version__).split("+")[0].split(".")
-    return int(parts[0]), int(parts[1])
+    """(major, minor) of a torch version string such as '2.13.0+cpu' (the
+    running torch's by default)."""
+    return _releases.release(version or torch.__version__)
 
 
 def check_supported_torch():
-    low, high = SUPPORTED_RANGE
-    if not low <= torch_release() <= high:
+    if not _releases.supported(torch.__version__):
         raise ImportError(
-            f"torch_ctxext supports torch {low[0]}.{low[1]} to {high[0]}.{high[1]}, "
+            f"torch_ctxext supports torch {_releases.range_text()}, "
             f"but torch {torch.__version__} is installed. Install a supported "
-            f"torch (for example `pip install 'torch>={low[0]}.{low[1]},"
-            f"<{high[0]}.{high[1] + 1}'`)."
+            f"torch (for example `pip install 'torch{_releases.requirement()}'`)."
         )
 
 
@@ -56,6 +54,27 @@ _NATIVE = {}
 PROVIDED = set()
 # Members torch_ctxext meant to provide but could not, with the reason.
 UNAVAILABLE = {}
+
+
+class Installed(collections.namedtuple("Installed", "provided unavailable")):
+    """What a member's installer did: ``provided``, the members it installed
+    (its own, and a native one it had to replace: ``apply`` on torch 2.6 to
+    2.12); ``unavailable``, ``{member: why}`` for those it could not."""
+
+    @classmethod
+    def of(cls, *provided):
+        return cls(frozenset(provided), {})
+
+    @classmethod
+    def refused(cls, member, why):
+        return cls(frozenset(), {member: str(why)})
+
+
+def record(outcome, member):
+    """Record an installer's outcome for ``member``: what it replaced although
+    torch had it (PROVIDED) and what it could not provide (UNAVAILABLE)."""
+    PROVIDED.update(name for name in outcome.provided if name != member and _NATIVE.get(name))
+    UNAVAILABLE.update(outcome.unavailable)
 
 
 class ExtensionUnavailableWarning(UserWarning):
@@ -187,11 +206,22 @@ def buffer_exposure():
     """
     if features()["input_grad_buffers"] == "native":
         return {"accelerator_slots": True, "later_producer_slots": True}
-    ext = _loaded_extension()
+    old_side = boundaries()
+    if old_side is None:
+        return {"accelerator_slots": False, "later_producer_slots": False}
     return {
-        "accelerator_slots": bool(getattr(ext, "slots_record_streams", False)),
-        "later_producer_slots": bool(getattr(ext, "later_producers_hookable", False)),
+        "accelerator_slots": not old_side["NO_SLOT_STREAMS"],
+        "later_producer_slots": not old_side["ADD_WITHOUT_CONSUMER_NODE"],
     }
+
+
+def boundaries():
+    """The release boundaries (``_releases.BOUNDARIES``) the loaded C++
+    extension was compiled with, ``{name: on its old side}`` (its
+    ``boundaries``, checked against ``_releases`` at load), or None where no
+    extension is loaded (native torch 2.15, a failed build)."""
+    ext = _loaded_extension()
+    return dict(ext.boundaries) if ext is not None else None
 
 
 def _loaded_extension():
@@ -201,17 +231,17 @@ def _loaded_extension():
 
 
 def _route(name, ext):
-    casts_every_gradient = getattr(ext, "engine_casts_every_gradient", False)
+    old_side = dict(ext.boundaries) if ext is not None else {}
     if name == "input_grad_buffers":
-        rule = "adjusted_use_count" if casts_every_gradient else "is_tensor_stealable"
+        rule = "adjusted_use_count" if old_side.get("STEALABLE_BY_USE_COUNT") else "is_tensor_stealable"
         route = f"GraphTask InputBuffer slots, in-place rule {rule}"
-        if not getattr(ext, "later_producers_hookable", True):
+        if old_side.get("ADD_WITHOUT_CONSUMER_NODE"):
             route += "; with accelerators, slots later producers still reach stay None"
-        if not getattr(ext, "slots_record_streams", True):
+        if old_side.get("NO_SLOT_STREAMS"):
             route += "; accelerator slots stay None"
         return route
     if name == "set_output_grad_dtype":
-        if casts_every_gradient:
+        if old_side.get("ENGINE_CASTS_TO_OPTIONS_DTYPE"):
             return "InputMetadata options dtype; None via a validate_outputs hook"
         return "InputMetadata grad_dtype"
     if name in ("apply", "apply_boxed"):

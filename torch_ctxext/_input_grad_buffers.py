@@ -9,6 +9,8 @@ import torch
 from torch.autograd.function import FunctionCtx
 from torch.autograd.variable import Variable
 
+from . import _features
+
 def _input_grad_buffers(self):
     r"""Return existing buffers for accumulating gradients of this Function's inputs.
 
@@ -142,7 +144,8 @@ _read = None  # _C.input_grad_buffers_property, set by install()
 
 
 def install(ext):
-    """Add the property to FunctionCtx; arm the reentrancy guard."""
+    """Add the property to FunctionCtx; arm the reentrancy guard. Returns
+    what was installed."""
     global _C, _read
     _C = ext
     _read = ext.input_grad_buffers_property
@@ -157,3 +160,4 @@ def install(ext):
         prop.__set_name__(FunctionCtx, name)  # errors name the property as torch's do
         setattr(FunctionCtx, name, prop)
     ext.arm_reentrancy_guard(Variable, _ensure_reentrancy_guard)
+    return _features.Installed.of("input_grad_buffers")

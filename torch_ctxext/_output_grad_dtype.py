@@ -22,6 +22,8 @@ import weakref
 import torch
 from torch.autograd.function import BackwardCFunction, Function, FunctionCtx
 
+from . import _features
+
 CALLED_TWICE_ERROR = "set_output_grad_dtype can only be called once"
 
 
@@ -264,11 +266,11 @@ def _resolve(depth, output, ok):
             _apply_declarations(ctx, output)
 
 
-def unavailable_reason(ext):
+def _unavailable_reason(ext):
     """Why this member cannot be provided with ``ext`` on the running torch,
     or None. Up to torch 2.9 a None declaration needs the engine hook of
     csrc/output_grad_dtype.h; everything else works on every release."""
-    if getattr(ext, "engine_casts_every_gradient", False) and not ext.uncast_gradients_available():
+    if ext.boundaries["ENGINE_CASTS_TO_OPTIONS_DTYPE"] and not ext.uncast_gradients_available():
         return (
             f"torch {torch.__version__} casts every gradient to the output's dtype "
             "(validate_outputs, before torch 2.10), and libtorch_cpu makes no call "
@@ -279,7 +281,12 @@ def unavailable_reason(ext):
 
 
 def install(ext):
+    """Add set_output_grad_dtype to FunctionCtx and route Function.apply
+    through the declarations; returns what was installed, or why not."""
     global _C
+    why = _unavailable_reason(ext)
+    if why:
+        return _features.Installed.refused("set_output_grad_dtype", why)
     _C = ext
     # Where torch 2.14 keeps it: on the ctx of a real Function (a C member of
     # _FunctionBase there), not on FunctionCtx, which only annotates it.
@@ -291,3 +298,4 @@ def install(ext):
         original = Function.__dict__["apply"].__func__
         Function.apply = classmethod(ext.make_apply(original, _resolve))
         Function._torch_ctxext_original_apply = original
+    return _features.Installed.of("set_output_grad_dtype")

@@ -4,7 +4,7 @@ One list for both builds: ``setup.py`` (the extension built at install) and
 ``torch_ctxext._build`` (built at first import). Every ``csrc/*.cpp`` is part
 of ``torch_ctxext._C``, so a file added to ``csrc/`` is picked up by both
 without naming it anywhere, except the files whose member the running torch
-provides natively (``NATIVE_FROM``).
+provides natively (``ONLY_BEFORE``).
 
 How they are compiled: every source includes the autograd headers of torch
 (through ``engine_layout.h``), and parsing those takes most of a compile
@@ -15,14 +15,30 @@ build), two units to keep two cores busy. Each unit parses the headers once.
 
 setup.py loads this file by its path, without importing the package (whose
 ``__init__`` needs torch and the extension): keep it free of imports beyond
-the standard library.
+the standard library and ``_releases`` (loaded by path there too).
 """
 import glob
+import importlib.util
 import os
-import re
 import shlex
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_releases():
+    """torch_ctxext/_releases.py: imported where this module is part of the
+    package, loaded by its path where setup.py loaded this one by path."""
+    try:
+        from . import _releases
+    except ImportError:
+        path = os.path.join(PACKAGE_DIR, "_releases.py")
+        spec = importlib.util.spec_from_file_location("_torch_ctxext_releases", path)
+        _releases = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_releases)
+    return _releases
+
+
+_releases = _load_releases()
 # Where the sources live: inside an installed package (setup.py ships them
 # there, for builds at first import), or beside the package in a checkout.
 CSRC_CANDIDATES = (
@@ -32,11 +48,11 @@ CSRC_CANDIDATES = (
 SOURCE_PATTERNS = ("*.cpp",)
 HEADER_PATTERNS = ("*.h",)
 
-# Sources behind members that torch provides natively from this release on:
-# not compiled for it (module.cpp binds them under the same boundaries,
-# csrc/engine_layout.h).
-NATIVE_FROM = {
-    "boxed_grads.cpp": (2, 13),  # TORCH_CTXEXT_NO_NATIVE_BOXED_GRADS
+# Sources compiled only on the old side of a release boundary (_releases:
+# where torch provides their member natively they are left out; module.cpp
+# binds them under the same macro, csrc/engine_layout.h).
+ONLY_BEFORE = {
+    "boxed_grads.cpp": "NO_NATIVE_BOXED_GRADS",
 }
 
 # The generated translation units and the sources each includes, about equal
@@ -56,18 +72,14 @@ def csrc_dir():
     return None
 
 
-def _release(torch_version):
-    return tuple(int(p) for p in re.findall(r"\d+", torch_version)[:2])
-
-
 def sources(directory, torch_version=None):
     """The extension's sources in ``directory``, sorted: all of them, or
     those a build for ``torch_version`` compiles."""
     found = sorted(p for pattern in SOURCE_PATTERNS for p in glob.glob(os.path.join(directory, pattern)))
     if torch_version is None:
         return found
-    release = _release(torch_version)
-    return [p for p in found if release < NATIVE_FROM.get(os.path.basename(p), (999,))]
+    old_side = _releases.boundaries(torch_version)
+    return [p for p in found if old_side.get(ONLY_BEFORE.get(os.path.basename(p)), True)]
 
 
 def units(directory, torch_version):
@@ -112,14 +124,16 @@ def headers(directory):
 
 def define_macros(torch_version, torch_git_version):
     """The torch build the library records (``_C.built_for_torch`` and
-    ``_C.built_for_git_version``), as C string literals."""
+    ``_C.built_for_git_version``, as C string literals), and the release
+    boundaries of that torch (``_releases``: csrc/engine_layout.h branches on
+    them)."""
     def c_string(value):
         return '"' + value.replace('"', "") + '"'
 
     return [
         ("TORCH_CTXEXT_BUILT_FOR_TORCH", c_string(torch_version)),
         ("TORCH_CTXEXT_BUILT_FOR_GIT", c_string(torch_git_version)),
-    ]
+    ] + _releases.define_macros(torch_version)
 
 
 def extra_compile_args():

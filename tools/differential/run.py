@@ -14,6 +14,7 @@ before the scenarios run (to exercise the backport on older torch).
 import argparse
 import json
 import os
+import runpy
 import sys
 import traceback
 
@@ -73,9 +74,11 @@ def run(out, k=None, device=None):
     return 0
 
 
-def release(version):
-    """(major, minor) of a version string such as '2.9.1+cu128'."""
-    return tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+# The release facts, read by path: native 2.15 runs the scenarios without
+# importing torch_ctxext (torch_ctxext/_releases.py is the standard library only).
+release = runpy.run_path(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "torch_ctxext", "_releases.py")
+)["release"]
 
 
 def load_allowed(path, torch_version=None):

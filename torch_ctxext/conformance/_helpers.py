@@ -1,15 +1,19 @@
 """Shared helpers for the ctx-contract conformance tests.
 
 Only torch, pytest, hypothesis and expecttest may be used here: the suite runs
-against bare torch and never imports the project.
+against bare torch and never imports the project (the release facts are read
+from torch_ctxext/_releases.py by its path: the standard library only).
 """
+import os
 import re
+import runpy
 
 import torch
 from hypothesis import strategies as st
 
 # (major, minor) of the torch under test, e.g. (2, 13).
-TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+_RELEASES = runpy.run_path(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_releases.py"))
+TORCH_VERSION = _RELEASES["release"](torch.__version__)
 
 # Feature detection, as the reference notes recommend (not version numbers).
 HAS_BOXED_GRADS = hasattr(torch.autograd.function.BackwardCFunction, "apply_boxed")
