@@ -1,7 +1,6 @@
 """Peak memory of a backward whose boxed Function frees its grads early.
 
-    python benchmarks/bench_boxed_memory.py                 # this interpreter
-    python benchmarks/bench_boxed_memory.py --compare PY... # several, side by side
+    python benchmarks/run_all.py --torch-2-15 PY215 --torch-2-12 PY212 ...
 
 Workload: a Function with 8 outputs of 4 MiB each (float32 1M). Its backward
 first reduces each grad to a few numbers, then needs a workspace as large as
@@ -17,10 +16,9 @@ Peak memory is measured from the allocator: torch.profiler with
 sum of those deltas, in event order, over the backward call alone (so it is
 the backward's own peak above what was live when it started).
 """
-import argparse
-import json
-import subprocess
-import sys
+import os
+
+from bench import run_once
 
 N_OUTPUTS, NUMEL = 8, 1 << 20
 
@@ -88,25 +86,28 @@ def measure():
     }
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--compare", nargs="*", default=None, help="python interpreters")
-    args = parser.parse_args()
-    if args.compare is None:
-        print(json.dumps(measure()))
-        return
+def compare(pythons):
+    """measure() under each interpreter, one after the other, each in a
+    fresh process. torch 2.12's is its environment's installed torch_ctxext,
+    not this source tree's build."""
     rows = []
-    for python in args.compare:
-        out = subprocess.run(
-            [python, __file__], capture_output=True, text=True, check=True, cwd="/tmp"
-        )
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print("| torch | boxed peak (MiB) | unboxed peak (MiB) | boxed / unboxed |")
-    print("|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['torch']} | {r['boxed_peak_mib']:.1f} | {r['unboxed_peak_mib']:.1f} "
-              f"| {r['boxed_peak_mib'] / r['unboxed_peak_mib']:.2f} |")
+    for python in pythons:
+        env = dict(os.environ)
+        if "2.12" in python:
+            env.pop("PYTHONPATH", None)
+        rows.append(run_once(python, "bench_boxed_memory.measure", env=env))
+    return rows
 
 
-if __name__ == "__main__":
-    main()
+def table(rows):
+    """The comparison as a Markdown table (the 2.12 side with torch_ctxext)."""
+    return "\n".join([
+        "| torch | boxed peak (MiB) | unboxed peak (MiB) | boxed / unboxed |",
+        "|---|---|---|---|",
+        *[
+            f"| {r['torch']}{' + torch_ctxext' if r['torch'].startswith('2.12') else ' (native)'} "
+            f"| {r['boxed_peak_mib']:.1f} | {r['unboxed_peak_mib']:.1f} "
+            f"| {r['boxed_peak_mib'] / r['unboxed_peak_mib']:.2f} |"
+            for r in rows
+        ],
+    ])

@@ -1,7 +1,7 @@
 """The checker's own time per Function, on the corpus of test/check_corpus/.
 
-    python benchmarks/bench_check_function.py                 # this interpreter
-    python benchmarks/bench_check_function.py --compare PY... # several, side by side
+    python benchmarks/run_all.py --from-json FILE --remeasure check_function \\
+                                 [--torch-2-13 PY213] --torch-2-15 PY215
 
 Workload: ``check_function`` on every Function of the corpus (Functions in
 the styles real projects use and broken variants of them, each with an
@@ -18,16 +18,13 @@ previous checker ran, ``torch.autograd.gradcheck`` and ``gradgradcheck`` in
 their default (slow) mode on float64 copies, timed in the same process right
 after check_function (its fastest of three).
 """
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from bench import ROOT, run_once
+
 ROUNDS = 5
 MODERATE = "zero3_linear_moderate_size"
 
@@ -119,13 +116,9 @@ def _moderate(case, check_function, torch):
 
 
 def compare(pythons):
-    """measure() under each interpreter, one after the other."""
-    results = []
-    for python in pythons:
-        out = subprocess.run([python, os.path.abspath(__file__)], capture_output=True,
-                             text=True, check=True, cwd="/tmp")
-        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    return results
+    """measure() under each interpreter, one after the other, each in a
+    fresh process."""
+    return [run_once(python, "bench_check_function.measure") for python in pythons]
 
 
 def summary_table(results):
@@ -157,26 +150,3 @@ def case_table(results):
         lines.append(f"| `{row['id']}` | {row['verdict']} | {row['mode']} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--compare", nargs="+", metavar="PYTHON",
-                        help="measure under each interpreter and print Markdown tables")
-    parser.add_argument("--json", metavar="FILE", help="with --compare: also write the results")
-    args = parser.parse_args(argv)
-    if not args.compare:
-        print(json.dumps(measure()))
-        return 0
-    results = compare(args.compare)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, sort_keys=True)
-    print(summary_table(results))
-    print()
-    print(case_table(results))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,16 +1,15 @@
 """Installing: the first import, which builds the extension, and every import after it.
 
-    python benchmarks/bench_import.py [--rounds N] [--json FILE] [--python PY]
+    python benchmarks/run_all.py --torch-2-15 PY215 --install ...
+    python benchmarks/run_all.py --from-json FILE --remeasure install [--torch-2-13 PY]
+    python benchmarks/run_all.py --from-json FILE --remeasure builds --torch-2-15 PY215 \\
+                                 [--torch-2-13 PY] [--other-releases PY...]
 
-Run it with the python of a torch that needs torch_ctxext's extension (2.12
-to 2.14); it measures this checkout's sources, in a temporary directory.
-run_all.py adds its figures to docs/benchmarks.md with ``--install``.
-
-    python benchmarks/bench_import.py --releases PY [PY...] [--json FILE]
-
-measures only the first import (the build for a new torch) from an empty
-cache on each interpreter's torch, one after another (run_all.py:
-``--remeasure builds``).
+``install`` (collect()) wants the python of a torch that needs torch_ctxext's
+extension (2.12 to 2.14); it measures this checkout's sources, in a temporary
+directory. ``builds`` (first_import_per_release()) measures only the first
+import (the build for a new torch) from an empty cache on each interpreter's
+torch, one after another.
 
 First import: one process ``python -c "import torch_ctxext"`` on a
 sources-only copy of the package (what ``pip install`` leaves when the build
@@ -31,7 +30,6 @@ Finding the build: in one process, the lookup alone, without loading (best of
 5 times 100 calls): in the cache (reading and hashing the files its name
 depends on) vs in the package.
 """
-import argparse
 import json
 import os
 import shutil
@@ -41,11 +39,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import bench  # noqa: E402  (ratio_stats, log, machine)
+import bench
+from bench import ROOT
 
 TIMED_IMPORT = (
     "import time, torch; start = time.perf_counter(); import torch_ctxext; "
@@ -195,7 +190,7 @@ def builds_table(rows):
         "| torch | first import (empty cache) | of which the build | compiled | `import torch` alone | load average (1 min) before / after | date |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(rows, key=lambda r: bench._release_key(r["torch"])):
+    for r in sorted(rows, key=lambda r: bench.release_key(r["torch"])):
         built = (f"{r['build_s']:.1f} s" if r["build_s"] is not None else "no build")
         compiled = (f"{r['units']} units: " + ", ".join(f"`{s}`" for s in r["sources"])) if r["sources"] else "nothing"
         out.append(
@@ -218,28 +213,3 @@ def table(r):
         f"| from the cache / from the package | {s['ratio']:.3f} ({s['p10']:.3f}–{s['p90']:.3f}), {r['cached_ms'] - r['package_ms']:+.1f} ms |",
         f"| finding the build: in the cache / in the package | {r['lookup_cache_ms']:.2f} ms / {r['lookup_package_ms']:.3f} ms |",
     ])
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=20, help="alternation rounds of the cached import (default 20)")
-    parser.add_argument("--python", help="interpreter to measure (default: this one)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results here")
-    parser.add_argument("--releases", nargs="+", metavar="PY",
-                        help="measure only the first import (the build), from an empty cache, on each of these pythons")
-    args = parser.parse_args(argv)
-    if args.releases:
-        results = first_import_per_release(args.releases)
-        print(builds_table(results))
-    else:
-        results = collect(args.python, args.rounds)
-        print(table(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, sort_keys=True)
-            f.write("\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Training steps of a model that shares a block across depth: fused against unfused.
 
-    python benchmarks/bench_model.py --torch-2-15 PY215 [--torch-2-13 PY213]
-                                     [--quick] [--json FILE]
+    python benchmarks/run_all.py --from-json FILE --remeasure model --torch-2-15 PY215
+                                 [--torch-2-13 PY213] [--quick]
 
 The model is ``examples/shared_layers.py``'s: a token embedding, one block
 (LayerNorm, Linear, GELU, Linear, residual) applied ``depth`` times, and an
@@ -34,19 +34,16 @@ it (parameters, optimizer state: nothing for plain SGD) (bench.py's method).
 Loss curves: each side trains each variant for ``loss_steps`` steps from the
 same initial weights on the same batches and reports every loss.
 """
-import argparse
-import json
+import math
 import os
 import statistics
 import sys
 import time
 
-HERE = os.path.abspath(__file__)
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
+import bench
 
-import bench  # noqa: E402
+# The model and its FusedLinear are the examples' (imported in the workers).
+sys.path.insert(0, os.path.join(bench.ROOT, "examples"))
 
 VARIANTS = ("fused", "unfused", "nn.Linear")
 VOCAB = 1000
@@ -142,7 +139,7 @@ def _step_peak_bytes(step):
     Within the step nothing older is freed (parameters are updated in place,
     the batch is held)."""
     step.zero_grad()
-    return bench._backward_peak_bytes(lambda: step(zero_grad=False))["peak_bytes"]
+    return bench.backward_peak_bytes(lambda: step(zero_grad=False))["peak_bytes"]
 
 
 def measure_model_losses(dim, hidden, depth, batch, seq, steps=30):
@@ -187,16 +184,11 @@ def collect(python_213=None, python_215=None, quick=False):
     """Run the model benchmark on both sides; a JSON-able dict."""
     plan = dict(PLANS["quick" if quick else "full"])
     started = time.time()
-    results = {
-        "plan": {k: v for k, v in plan.items() if k != "grid"},
-        "quick": quick,
-        "machine": bench.machine(),
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "rows": [],
-    }
-    pair = [bench.Worker(python_213 or sys.executable, "backport", True, script=HERE)]
+    results = bench.new_results(plan, quick)
+    results["rows"] = []
+    pair = [bench.Worker(python_213 or sys.executable, "backport", True, ["bench_model"])]
     if python_215:
-        pair.append(bench.Worker(python_215, "native", False, script=HERE))
+        pair.append(bench.Worker(python_215, "native", False, ["bench_model"]))
     try:
         results["workers"] = {w.label: w.ready() for w in pair}
         for grid_row in plan["grid"]:
@@ -234,9 +226,7 @@ def collect(python_213=None, python_215=None, quick=False):
     finally:
         for w in pair:
             w.close()
-    results["machine"]["load_average_at_end"] = (
-        os.getloadavg() if hasattr(os, "getloadavg") else None
-    )
+    results["machine"]["load_average_at_end"] = bench.load_average()
     results["seconds"] = time.time() - started
     results["loss_agreement"] = loss_agreement(results)
     return results
@@ -262,36 +252,79 @@ def loss_agreement(results):
     return out
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--torch-2-15", metavar="PYTHON", help="python of a native torch 2.15 environment")
-    parser.add_argument("--torch-2-13", metavar="PYTHON",
-                        help="python of the torch 2.13 environment (default: this one)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run")
-    parser.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--plugin", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        if not args.plugin:
-            # The native side must not import torch_ctxext (the example
-            # imports it when it can).
-            sys.modules["torch_ctxext"] = None
-        bench.MEASURES.update(MEASURES)
-        return bench.worker_main(args.plugin)
-    results = collect(args.torch_2_13, args.torch_2_15, args.quick)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, sort_keys=True)
-    import bench_model_report as report
-
-    print("\n".join(report.summary(results)))
-    print()
-    print(report.tables(results))
-    print()
-    print(report.loss_table(results))
-    return 0
+# --------------------------------------------------------------------------
+# The results as tables.
+# --------------------------------------------------------------------------
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _spread(s):
+    return f"**{s['ratio']:.3f}** ({s['min']:.3f}–{s['max']:.3f})"
+
+
+def sides(results):
+    return [s for s in ("backport", "native") if s in results["rows"][0]]
+
+
+def tables(results):
+    """Step time and peak memory, as two Markdown tables."""
+    ss = sides(results)
+    head = "| D | hidden | depth | tokens |" + "".join(
+        f" {bench.SIDE_NAMES[s]}: fused / unfused / nn.Linear ms | fused / unfused | fused / nn.Linear |"
+        for s in ss
+    )
+    out = [head, "|---|---|---|---|" + "---|---|---|" * len(ss)]
+    for row in results["rows"]:
+        line = f"| {row['dim']} | {row['hidden']} | {row['depth']} | {row['tokens']} |"
+        for s in ss:
+            r = row[s]
+            line += (
+                f" {r['fused_ms']:.1f} / {r['unfused_ms']:.1f} / {r['nn.Linear_ms']:.1f} "
+                f"| {_spread(r['fused/unfused'])} | {_spread(r['fused/nn.Linear'])} |"
+            )
+        out.append(line)
+    mem = ["| D | hidden | depth | tokens | one gradient of fc1.weight MiB |" + "".join(
+        f" {bench.SIDE_NAMES[s]}: step peak fused / unfused / nn.Linear MiB | fused / unfused | fused / nn.Linear |"
+        for s in ss
+    ), "|---|---|---|---|---|" + "---|---|---|" * len(ss)]
+    for row in results["rows"]:
+        line = (f"| {row['dim']} | {row['hidden']} | {row['depth']} | {row['tokens']} "
+                f"| {row['dim'] * row['hidden'] * 4 / 2**20:.2f} |")
+        for s in ss:
+            p = row[s]["peak_bytes"]
+            line += (
+                f" {p['fused'] / 2**20:.2f} / {p['unfused'] / 2**20:.2f} / {p['nn.Linear'] / 2**20:.2f} "
+                f"| **{row[s]['peak fused/unfused']:.3f}** | **{row[s]['peak fused/nn.Linear']:.3f}** |"
+            )
+        mem.append(line)
+    return "\n".join(out) + "\n\n" + "\n".join(mem)
+
+
+def loss_table(results):
+    agreement = results["loss_agreement"]
+    out = ["| compared | largest difference of a loss over the curve |", "|---|---|"]
+    for name, diff in agreement.items():
+        out.append(f"| {name} | {diff:.3g} |")
+    return "\n".join(out)
+
+
+def summary(results):
+    """One line per side: the ratio range over the grid."""
+    lines = []
+    for s in sides(results):
+        t = [row[s]["fused/unfused"]["ratio"] for row in results["rows"]]
+        n = [row[s]["fused/nn.Linear"]["ratio"] for row in results["rows"]]
+        p = [row[s]["peak fused/unfused"] for row in results["rows"]]
+        lines.append(
+            f"{bench.SIDE_NAMES[s]}: step time fused/unfused {min(t):.2f} to {max(t):.2f}, "
+            f"fused/nn.Linear {min(n):.2f} to {max(n):.2f}; step peak fused/unfused "
+            f"{min(p):.3f} to {max(p):.3f}"
+        )
+    if len(sides(results)) == 2:
+        rel = [row["backport"]["fused/unfused"]["ratio"] / row["native"]["fused/unfused"]["ratio"]
+               for row in results["rows"]]
+        geomean = math.exp(sum(math.log(r) for r in rel) / len(rel))
+        lines.append(
+            "step time fused/unfused on 2.13 + torch_ctxext over the same on native 2.15, "
+            f"geometric mean over the grid: {geomean:.2f} (1.00 = the same speed-up)"
+        )
+    return lines

@@ -1,0 +1,190 @@
+"""Fused gradient accumulation: a weight shared by N micro-batches.
+
+    python benchmarks/run_all.py --torch-2-15 PY215 ...     (with every benchmark)
+
+Backward with ``addmm_`` into the exposed weight buffer vs returning
+``x.t() @ g``; backward time ratio fused/unfused, and the peak of the
+backward's allocations from the allocator (benchmarks/bench.py's
+backward_peak_bytes, started after the forward), for every B, D, N of the
+grid; torch 2.13 + torch_ctxext and native torch 2.15 side by side.
+
+Nothing allocated before the backward is freed during it (inputs, weight,
+output gradients are all held by the benchmark), so the peak is the
+backward's peak above its starting point.
+"""
+import statistics
+import time
+
+from bench import SIDE_NAMES, backward_peak_bytes
+
+# The full grid (B, D, N), and the smaller one of --quick.
+FUSED_GRID = [(b, d, n) for d in (512, 1024) for n in (2, 8) for b in (16, 64, 256)]
+FUSED_GRID_QUICK = [(16, 512, 2), (256, 512, 8), (64, 1024, 8)]
+PLANS = {
+    "full": {"fused_rounds": 6, "fused_repeats": 5, "grid": FUSED_GRID},
+    "quick": {"fused_rounds": 2, "fused_repeats": 3, "grid": FUSED_GRID_QUICK},
+}
+
+
+# --------------------------------------------------------------------------
+# Measurements: inside a worker process.
+# --------------------------------------------------------------------------
+
+
+def _linear_functions():
+    import torch
+
+    def linear_forward(ctx, x, w):  # the same in both
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    class FusedLinear(torch.autograd.Function):
+        forward = staticmethod(linear_forward)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            _, w_buffer = ctx.input_grad_buffers
+            if w_buffer is not None:
+                w_buffer.addmm_(x.t(), g)
+                return None, None
+            return None, x.t() @ g
+
+    class Linear(torch.autograd.Function):
+        forward = staticmethod(linear_forward)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            return None, x.t() @ g
+
+    return {"fused": FusedLinear, "unfused": Linear}
+
+
+def measure_fused(batch, dim, micro, repeats=15, memory=True, seed=0):
+    """Backward times (s) of the fused and unfused variants, alternated
+    within this process, and (memory=True) their backward peaks."""
+    import torch
+
+    functions = _linear_functions()
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(dim, dim, generator=gen).requires_grad_()
+    xs = [torch.randn(batch, dim, generator=gen) for _ in range(micro)]
+    # Dense output gradients, held by the benchmark for the whole run.
+    gs = [torch.randn(batch, dim, generator=gen) for _ in range(micro)]
+
+    def prepare(variant):
+        fn = functions[variant]
+        ys = [fn.apply(x, w) for x in xs]
+        w.grad = None
+
+        def run():
+            torch.autograd.backward(ys, gs)
+
+        return run
+
+    reference = {}
+    for variant in ("unfused", "fused"):  # warm up, and check they agree
+        prepare(variant)()
+        reference[variant] = w.grad.clone()
+    torch.testing.assert_close(reference["fused"], reference["unfused"], rtol=1e-4, atol=1e-3)
+
+    times = {"fused": [], "unfused": []}
+    order = ["fused", "unfused"]
+    for _ in range(repeats):
+        for variant in order:
+            run = prepare(variant)
+            start = time.perf_counter()
+            run()
+            times[variant].append(time.perf_counter() - start)
+        order.reverse()
+    result = {"times_s": times}
+    if memory:
+        result["memory"] = {v: backward_peak_bytes(prepare(v)) for v in ("fused", "unfused")}
+    w.grad = None
+    return result
+
+
+MEASURES = {"fused": measure_fused}
+
+
+# --------------------------------------------------------------------------
+# Orchestration: alternated side by side, and the results' tables.
+# --------------------------------------------------------------------------
+
+
+def collect_fused(pair, plan, batch, dim, micro):
+    """One (B, D, N) of the grid on the workers of ``pair`` ("backport" and,
+    where given, "native"), alternated round by round; the row of results."""
+    row = {"B": batch, "D": dim, "N": micro, "grad_bytes": dim * dim * 4}
+    times = {w.label: {"fused": [], "unfused": []} for w in pair}
+    per_call = {w.label: [] for w in pair}
+    memory = {}
+    for r in range(plan["fused_rounds"]):
+        for w in pair if r % 2 == 0 else pair[::-1]:
+            got = w.call(
+                "fused", batch=batch, dim=dim, micro=micro,
+                repeats=plan["fused_repeats"], memory=w.label not in memory,
+            )
+            t = got["times_s"]
+            # The fastest repeat of each variant in this call: other load
+            # only ever adds time.
+            for variant in ("fused", "unfused"):
+                times[w.label][variant].append(min(t[variant]))
+            per_call[w.label].append(min(t["fused"]) / min(t["unfused"]))
+            memory.setdefault(w.label, got.get("memory"))
+    for label in times:
+        fused = statistics.median(times[label]["fused"])
+        unfused = statistics.median(times[label]["unfused"])
+        mem = memory[label]
+        row[label] = {
+            "fused_ms": fused * 1e3,
+            "unfused_ms": unfused * 1e3,
+            "time_ratio": statistics.median(per_call[label]),
+            "time_ratio_min": min(per_call[label]),
+            "time_ratio_max": max(per_call[label]),
+            "peak_fused_bytes": mem["fused"]["peak_bytes"],
+            "peak_unfused_bytes": mem["unfused"]["peak_bytes"],
+            "peak_ratio": mem["fused"]["peak_bytes"] / mem["unfused"]["peak_bytes"],
+            "peak_saving_grads": (
+                mem["unfused"]["peak_bytes"] - mem["fused"]["peak_bytes"]
+            ) / row["grad_bytes"],
+        }
+    return row
+
+
+def _mib(n):
+    return f"{n / 2**20:.2f}"
+
+
+def fused_tables(results):
+    """The fused grid: time ratios, then peaks, as two Markdown tables."""
+    rows = results["fused"]
+    sides = [s for s in ("backport", "native") if s in rows[0]]
+    time_head = "| B | D | N |" + "".join(
+        f" {SIDE_NAMES[s]}: fused / unfused ms | ratio (range over rounds) |" for s in sides
+    )
+    mem_head = "| B | D | N | gradient MiB |" + "".join(
+        f" {SIDE_NAMES[s]}: peak unfused → fused MiB | saving, gradients |" for s in sides
+    )
+    out = [time_head, "|---|---|---|" + "---|---|" * len(sides)]
+    for row in rows:
+        line = f"| {row['B']} | {row['D']} | {row['N']} |"
+        for s in sides:
+            r = row[s]
+            line += (
+                f" {r['fused_ms']:.2f} / {r['unfused_ms']:.2f} | **{r['time_ratio']:.2f}** "
+                f"({r['time_ratio_min']:.2f}–{r['time_ratio_max']:.2f}) |"
+            )
+        out.append(line)
+    out += ["", mem_head, "|---|---|---|---|" + "---|---|" * len(sides)]
+    for row in rows:
+        line = f"| {row['B']} | {row['D']} | {row['N']} | {_mib(row['grad_bytes'])} |"
+        for s in sides:
+            r = row[s]
+            line += (
+                f" {_mib(r['peak_unfused_bytes'])} → {_mib(r['peak_fused_bytes'])} "
+                f"| **{r['peak_saving_grads']:.2f}** |"
+            )
+        out.append(line)
+    return "\n".join(out)
