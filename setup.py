@@ -13,7 +13,7 @@ that torch is importable here:
 * it is not (pip's default build isolation, where it would have to download a
   torch of its own, never the one you run): the Python sources and csrc/ are
   installed, and the first import builds the extension for the running torch
-  into a cache (torch_ctxext/_build.py).
+  into a cache (torch_ctxext/_ext/build.py).
 
 $TORCH_CTXEXT_BUILD_EXT overrides the choice: ``1`` compiles or fails, ``0``
 installs the sources only. Either way the package ships csrc/, so that a later
@@ -32,9 +32,9 @@ VERSION = "0.1.0"
 
 
 def _load_sources_module():
-    """torch_ctxext/_sources.py, without importing the package (which needs
+    """torch_ctxext/_ext/sources.py, without importing the package (which needs
     torch and the extension)."""
-    path = os.path.join(HERE, "torch_ctxext", "_sources.py")
+    path = os.path.join(HERE, "torch_ctxext", "_ext", "sources.py")
     spec = importlib.util.spec_from_file_location("_torch_ctxext_sources", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -123,7 +123,7 @@ def extension_build(torch):
 
     ext = CppExtension(
         name="torch_ctxext._C",
-        # The generated translation units (torch_ctxext/_sources.py), under build/.
+        # The generated translation units (torch_ctxext/_ext/sources.py), under build/.
         sources=[
             os.path.relpath(p, HERE)
             for p in _sources.write_units(

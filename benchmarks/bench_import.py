@@ -44,7 +44,7 @@ from bench import ROOT
 
 TIMED_IMPORT = (
     "import time, torch; start = time.perf_counter(); import torch_ctxext; "
-    "elapsed = time.perf_counter() - start; import torch_ctxext._extension as e; "
+    "elapsed = time.perf_counter() - start; import torch_ctxext._ext.loader as e; "
     "print(e.loaded.origin, elapsed)"
 )
 
@@ -116,8 +116,8 @@ def collect(python=None, rounds=20):
                 per_round[side].append(float(seconds) * 1e3)
         ratios = [c / p for c, p in zip(per_round["cache"], per_round["package"])]
         lookup = {
-            "cache": _lookup_ms(python, "torch_ctxext._build_cache.cached_library", sides["cache"]),
-            "package": _lookup_ms(python, "torch_ctxext._extension.packaged_build", sides["package"]),
+            "cache": _lookup_ms(python, "torch_ctxext._ext.build_cache.cached_library", sides["cache"]),
+            "package": _lookup_ms(python, "torch_ctxext._ext.loader.packaged_build", sides["package"]),
         }
         return {
             "torch": info[0],

@@ -163,7 +163,7 @@ def declare_none_once():
             return g * 2
 
     Uncast.apply(torch.ones(2, requires_grad=True)).sum().backward()
-    from torch_ctxext import _extension
+    from torch_ctxext._ext import loader as _extension
 
     ext = _extension.load()
     return {"uncast_hook_placed": bool(getattr(ext, "uncast_hook_placed", lambda: False)())}

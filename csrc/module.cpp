@@ -138,7 +138,7 @@ py::list dtypes_of(const std::vector<int>& scalar_types) {
 // exposures would silently stop being honoured. The first copy to load
 // claims the hooks in torch._C (one per process, whatever the copies are
 // called; extensions load RTLD_LOCAL, so a symbol would not be seen), and any
-// later one refuses to load, naming both. torch_ctxext/_extension.py checks
+// later one refuses to load, naming both. torch_ctxext/_ext/loader.py checks
 // the same marker before loading and reports the refusal like a failed build.
 constexpr const char* kClaimAttribute = "_torch_ctxext_engine_hooks_owner";
 
@@ -249,7 +249,7 @@ PYBIND11_MODULE(_C, m) {
     auto* node = torch_ctxext::node_of(fn);
     return task != nullptr && node != nullptr && torch_ctxext::exposed_in(task, node);
   });
-  // The layout probes (torch_ctxext/_layout_check.py).
+  // The layout probes (torch_ctxext/_ext/layout_check.py).
   m.def("read_ctx_layout", [](py::handle ctx) {
     const auto f = torch_ctxext::read_ctx_layout(ctx.ptr());
     py::dict d;

@@ -25,7 +25,7 @@ BACKPORTED = [m for m, s in torch_ctxext.features().items() if s != "native"]
 needs_extension = pytest.mark.skipif(not BACKPORTED, reason="the running torch needs no extension")
 BUILD_TIMEOUT = 1200  # a build takes a minute on 2 idle cores; CI machines are not idle
 ANNOUNCE = "torch_ctxext: building its C++ extension for torch"
-LOADED = "import torch_ctxext, torch_ctxext._extension as e; print(e.loaded.origin, e.loaded.path)"
+LOADED = "import torch_ctxext, torch_ctxext._ext.loader as e; print(e.loaded.origin, e.loaded.path)"
 
 
 def clean_env(**extra):

@@ -209,7 +209,7 @@ def test_an_import_waiting_for_a_running_builder_waits_until_the_timeout_then_im
 @NEEDS_EXTENSION
 def test_a_timeout_that_is_not_a_number_is_said_and_the_default_used(lock, tmp_path):
     cache, path = lock
-    result = run("import torch_ctxext._build as b; print(b.build_timeout())", TORCH_CTXEXT_CACHE=cache,
+    result = run("import torch_ctxext._ext.build as b; print(b.build_timeout())", TORCH_CTXEXT_CACHE=cache,
                  CXX=failing(tmp_path), TORCH_CTXEXT_BUILD_TIMEOUT="ten minutes")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-1] == "600.0"

@@ -45,7 +45,7 @@ IMPOSTORS = {
 
 
 def extension_entry_points():
-    from torch_ctxext import _extension
+    from torch_ctxext._ext import loader as _extension
 
     ext = _extension.load()
     return {
@@ -89,7 +89,7 @@ def run(code, **env):
 FUSED_WITH_LATER_PRODUCERS = """
     import torch, torch_ctxext
     from torch.autograd import Function
-    from torch_ctxext import _extension
+    from torch_ctxext._ext import loader as _extension
 
     ext = _extension.load()
 
@@ -117,7 +117,7 @@ FUSED_WITH_LATER_PRODUCERS = """
 
 
 def later_producers_hookable():
-    from torch_ctxext import _extension
+    from torch_ctxext._ext import loader as _extension
 
     return not _extension.load().boundaries["ADD_WITHOUT_CONSUMER_NODE"]
 
@@ -199,7 +199,7 @@ def test_where_the_producer_hook_cannot_be_placed_slots_expecting_later_producer
         """
     import torch, torch_ctxext
     from torch.autograd import Function
-    from torch_ctxext import _extension
+    from torch_ctxext._ext import loader as _extension
 
     codes = []
 

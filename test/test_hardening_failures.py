@@ -345,7 +345,7 @@ def check_next_apply_is_clean():
 def backport_apply_state():
     """(apply depth, pending declarations) of this thread, read from the
     backport's internals (None where this version keeps them elsewhere)."""
-    from torch_ctxext import _output_grad_dtype as m
+    from torch_ctxext._backport import output_grad_dtype as m
 
     state = getattr(m, "_state", None)  # Python apply wrapper
     pending = getattr(m, "_pending", None)  # C apply wrapper

@@ -40,7 +40,7 @@ def run_case(lock, extra_env=None):
 
 def loaded_extension():
     import torch_ctxext  # noqa: F401
-    from torch_ctxext import _extension
+    from torch_ctxext._ext import loader as _extension
 
     return _extension.load() if _extension.loaded else None
 
@@ -87,7 +87,7 @@ def _main(lock):
     from torch.autograd import Function
 
     import torch_ctxext  # noqa: F401
-    from torch_ctxext import _extension
+    from torch_ctxext._ext import loader as _extension
 
     ext = _extension.load() if _extension.loaded else None
 

@@ -48,7 +48,7 @@ def test_buffers_are_exposed_and_exact_after_two_to_the_31_graph_tasks():
         import ctypes
         import torch
         import torch_ctxext
-        from torch_ctxext import _extension
+        from torch_ctxext._ext import loader as _extension
         from torch.autograd import Function
 
         def load_base(path):

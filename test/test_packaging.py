@@ -135,7 +135,7 @@ def test_the_extension_refuses_to_load_against_another_torch_build(tmp_path):
     )
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("torch_ctxext._extension.BuildMismatchError: torch_ctxext was built for torch 2.13.9+cpu (git deadbeefdead)")
+    assert last.startswith("torch_ctxext._ext.loader.BuildMismatchError: torch_ctxext was built for torch 2.13.9+cpu (git deadbeefdead)")
     assert f"but torch {torch.__version__}" in last
     assert "unset TORCH_CTXEXT_JIT (it is 0) to build it at import" in last
     assert "`TORCH_CTXEXT_JIT=1 python -m torch_ctxext build`" in last
@@ -144,7 +144,7 @@ def test_the_extension_refuses_to_load_against_another_torch_build(tmp_path):
 
 @needs_extension
 def test_the_compiled_library_records_the_torch_it_was_built_for():
-    from torch_ctxext import _extension
+    from torch_ctxext._ext import loader as _extension
 
     ext = _extension.load()
     assert ext.built_for_torch == torch.__version__
@@ -229,7 +229,8 @@ def test_members_whose_structures_do_not_read_back_are_not_installed():
     """The layout probe: on this build everything reads back as the headers
     say; a structure that did not would withhold exactly the members that
     read or write it, each with the reason."""
-    from torch_ctxext import _extension, _layout_check
+    from torch_ctxext._ext import loader as _extension
+    from torch_ctxext._ext import layout_check as _layout_check
 
     assert _layout_check.unavailable_members(_extension.load()) == {}
     verdicts = _layout_check.verdicts({"task": "the task's lock is elsewhere"})
@@ -255,7 +256,7 @@ def test_a_torch_whose_ctx_size_differs_from_the_headers_gets_no_backported_memb
 
         class Doctor(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path, target=None):
-                if name != "torch_ctxext._layout_check":
+                if name != "torch_ctxext._ext.layout_check":
                     return None
                 sys.meta_path.remove(self)
                 spec = importlib.util.find_spec(name)

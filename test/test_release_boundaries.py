@@ -31,7 +31,7 @@ FEATURES = torch_ctxext.features()
 
 
 def extension():
-    from torch_ctxext import _extension
+    from torch_ctxext._ext import loader as _extension
 
     return _extension.load()
 
@@ -60,7 +60,7 @@ def run(code):
 FUNCTIONS = """
     import torch, torch_ctxext
     from torch.autograd import Function
-    from torch_ctxext import _extension
+    from torch_ctxext._ext import loader as _extension
 
     ext = _extension.load()
     seen = []

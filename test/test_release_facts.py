@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import torch_ctxext
-from torch_ctxext import _extension, _features, _releases
+from torch_ctxext import _features, _releases
+from torch_ctxext._ext import loader as _extension
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import torch_ctxext
-from torch_ctxext import _extension
+from torch_ctxext._ext import loader as _extension
 
 pytestmark = pytest.mark.skipif(
     _extension.loaded is None, reason="no extension loaded (native torch 2.15)"
@@ -95,7 +95,7 @@ def test_the_same_library_loaded_again_from_another_path_is_refused_naming_both(
         """
         import importlib.util, sys
         import torch_ctxext
-        from torch_ctxext import _extension
+        from torch_ctxext._ext import loader as _extension
         first_copy_intact()
         for name, path in (("vendored._C", sys.argv[1]), ("vendored_again._C", sys.argv[2])):
             spec = importlib.util.spec_from_file_location(name, path)

@@ -22,27 +22,27 @@ __version__ = "0.1.0"
 # The members torch_ctxext can provide, in the order they are installed, and
 # the module that does it.
 _INSTALLERS = (
-    ("input_grad_buffers", "._input_grad_buffers"),
-    ("set_output_grad_dtype", "._output_grad_dtype"),
-    ("apply_boxed", "._boxed_grads"),
+    ("input_grad_buffers", "._backport.input_grad_buffers"),
+    ("set_output_grad_dtype", "._backport.output_grad_dtype"),
+    ("apply_boxed", "._backport.boxed_grads"),
 )
 
 _features.check_supported_torch()
 _features.record_native()
 if any(_features.lacks(member) for member, _ in _INSTALLERS):
-    from . import _extension, _layout_check
+    from ._ext import layout_check, loader
 
     _missing = [member for member, _ in _INSTALLERS if _features.lacks(member)]
     try:
-        _ext = _extension.load()
-    except _extension.ExtensionBuildError as error:
+        _ext = loader.load()
+    except loader.ExtensionBuildError as error:
         # No build for this torch, and none could be made here: the rest of
         # the contract still works, and features() says why these do not.
         _features.report_unavailable(_missing, error)
     else:
         # Members whose engine structures do not read back as the headers
         # say are not installed; features() gives the reason.
-        _features.UNAVAILABLE.update(_layout_check.unavailable_members(_ext))
+        _features.UNAVAILABLE.update(layout_check.unavailable_members(_ext))
         for _member, _module in _INSTALLERS:
             if _member in _missing and _member not in _features.UNAVAILABLE:
                 # Each installer says what it installed, or why it could not.

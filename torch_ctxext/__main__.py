@@ -20,7 +20,9 @@ def _info(_args):
     import torch
 
     import torch_ctxext
-    from torch_ctxext import _build, _features, _report
+    from torch_ctxext import _features
+    from torch_ctxext._ext import build as _build
+    from torch_ctxext.conformance import report as _report
 
     print(_report.info_table(torch_ctxext.features(), torch.__version__, torch.version.git_version,
                              _features.routes()))
@@ -38,7 +40,8 @@ def _build(args):
     import torch
 
     import torch_ctxext
-    from torch_ctxext import _build, _extension
+    from torch_ctxext._ext import build as _build
+    from torch_ctxext._ext import loader as _extension
 
     if all(status == "native" for status in torch_ctxext.features().values()):
         print(f"torch {torch.__version__} provides every member of the contract natively: nothing to build")
@@ -73,7 +76,7 @@ def _check(args):
     except _device.DeviceError as e:
         print(f"torch-ctxext check: {e}", file=sys.stderr)
         return 2
-    from torch_ctxext import _report
+    from torch_ctxext.conformance import report as _report
 
     print(f"running the ctx contract conformance suite (device {_device.describe()})")
     report = _report.run_suite(

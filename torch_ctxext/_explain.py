@@ -175,7 +175,7 @@ def _extension():
     """The C++ extension when it provides input_grad_buffers, else None."""
     if _features.features()["input_grad_buffers"] != "torch_ctxext":
         return None
-    from . import _extension as ext
+    from ._ext import loader as ext
 
     return ext.load()
 

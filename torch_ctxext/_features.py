@@ -125,7 +125,10 @@ def _installed_by_another_copy(name):
         return None  # this copy (a second import of the same package)
     # A copy installs its members from these modules of its own package;
     # anything else (torch's own, a user's patch) is not another copy.
-    installers = ("._input_grad_buffers", "._output_grad_dtype", "._boxed_grads")
+    installers = (
+        "._backport.input_grad_buffers", "._backport.output_grad_dtype", "._backport.boxed_grads",
+        "._input_grad_buffers", "._output_grad_dtype", "._boxed_grads",  # before the _backport layer
+    )
     return module if module.endswith(installers) else None
 
 

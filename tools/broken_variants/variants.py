@@ -28,7 +28,7 @@ def no_reentrancy_guard():
     """backward()/grad() may be called reentrantly after a buffer was handed out."""
     from torch.autograd.variable import Variable
 
-    import torch_ctxext._input_grad_buffers as igb
+    import torch_ctxext._backport.input_grad_buffers as igb
 
     if type(Variable._execution_engine) is igb._GuardedEngine:
         Variable._execution_engine = torch._C._ImperativeEngine()
@@ -38,7 +38,7 @@ def no_reentrancy_guard():
 
 def none_declaration_casts():
     """A None declaration casts to the output's dtype instead of passing through."""
-    import torch_ctxext._output_grad_dtype as ogd
+    import torch_ctxext._backport.output_grad_dtype as ogd
 
     real = ogd._apply_declarations
 

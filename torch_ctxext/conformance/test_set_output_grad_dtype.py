@@ -2,7 +2,7 @@
 
 Contract text: docstring of ``FunctionCtx.set_output_grad_dtype`` in torch
 2.15's ``torch/autograd/function.py`` (the same text as
-``torch_ctxext/_output_grad_dtype.py``), and the section
+``torch_ctxext/_backport/output_grad_dtype.py``), and the section
 ``ctx.set_output_grad_dtype(*dtypes)`` of the upstream reference notes.
 
 The gradient a consumer hands back through ``Tensor.to`` is already cast back

@@ -16,7 +16,8 @@ import sys
 import torch
 from torch.autograd.function import BackwardCFunction, Function
 
-from . import _features, _layout_check
+from .. import _features
+from .._ext import layout_check
 
 _C = None
 
@@ -79,7 +80,7 @@ def _sample_ctx_and_install():
 
     # The importer's modes (no_grad, inference_mode, a dispatch mode, a
     # custom backward importing lazily) must not decide whether a node exists.
-    with _layout_check.probe_modes():
+    with layout_check.probe_modes():
         out = _Probe.apply(torch.zeros(1, device="cpu", requires_grad=True))
         _C.install_boxed_grads_path(out.grad_fn)
 

@@ -9,7 +9,7 @@ import torch
 from torch.autograd.function import FunctionCtx
 from torch.autograd.variable import Variable
 
-from . import _features
+from .. import _features
 
 def _input_grad_buffers(self):
     r"""Return existing buffers for accumulating gradients of this Function's inputs.

@@ -4,18 +4,18 @@ import os
 
 import torch
 
-from . import _features
-from ._features import MEMBERS, member_of_test_module
+from .. import _features
+from .._features import MEMBERS, member_of_test_module
 
 SUITE = "torch_ctxext.conformance"
 
 
 def extension_lines():
     """Which build of the C++ extension is loaded, from where, for which torch."""
-    from . import _build_cache, _extension
-    from ._features import UNAVAILABLE
+    from .._ext import build_cache, loader
+    from .._features import UNAVAILABLE
 
-    loaded = _extension.loaded
+    loaded = loader.loaded
     if loaded is None:
         if UNAVAILABLE:
             where = f"not loaded: {next(iter(UNAVAILABLE.values()))}"
@@ -23,7 +23,7 @@ def extension_lines():
             where = "not needed: the running torch provides every member natively"
         built_for = "(no build loaded)"
     else:
-        record = _build_cache.record_of(loaded.path)
+        record = build_cache.record_of(loaded.path)
         where = {
             "package": "installed with the package",
             "cache": "from the build cache",
@@ -35,7 +35,7 @@ def extension_lines():
     return [
         f"built for      {built_for}",
         f"extension      {where}",
-        f"build cache    {_build_cache.root()} (${_build_cache.ENV_CACHE})",
+        f"build cache    {build_cache.root()} (${build_cache.ENV_CACHE})",
     ]
 
 
@@ -138,7 +138,7 @@ def run_suite(select=None, extra_pytest_args=(), device="cpu", verbose=False, pr
     import pytest
 
     import torch_ctxext
-    from .conformance import _device
+    from . import _device
 
     collector = _Collector(progress=None if verbose else progress)
     previous = os.environ.get("TORCH_CTXEXT_DEVICE")

@@ -4,7 +4,7 @@ The extension reads autograd-engine structures by layout, so it must be
 compiled against the very torch that runs. When the installed package carries
 no build for it (installed from source, or torch was upgraded since), the
 first import builds one with ``torch.utils.cpp_extension.load`` and ninja into
-the build cache (``_build_cache``: where builds live, how they are named), and
+the build cache (``build_cache``: where builds live, how they are named), and
 later imports load it from there.
 
 Several processes importing at once (the ranks of a job) build once: the
@@ -40,8 +40,8 @@ import time
 
 import torch
 
-from . import _build_cache, _sources
-from ._build_cache import LIBRARY, RECORD
+from . import build_cache, sources
+from .build_cache import LIBRARY, RECORD
 
 ENV_JIT = "TORCH_CTXEXT_JIT"
 ENV_TIMEOUT = "TORCH_CTXEXT_BUILD_TIMEOUT"
@@ -154,7 +154,7 @@ def missing_tools():
             f"no Python headers: {python_h} does not exist; install them "
             f"(e.g. `apt install python{version}-dev`, `dnf install python{version}-devel`)"
         )
-    torch_h = os.path.join(_build_cache.torch_include_dirs()[0], "torch", "extension.h")
+    torch_h = os.path.join(build_cache.torch_include_dirs()[0], "torch", "extension.h")
     if not os.path.isfile(torch_h):
         problems.append(f"no torch C++ headers: {torch_h} does not exist (a torch without its include/ directory)")
     if _find_ninja() is None:
@@ -293,7 +293,7 @@ def _write_log_header(log, key, csrc, reason):
             f"python   {sys.executable} {sys.version.split()[0]}\n"
             f"compiler {os.environ.get('CXX', 'c++')} -> {shutil.which(_compiler())}\n"
             f"ninja    {_find_ninja()}\n"
-            f"sources  {csrc}: {' '.join(os.path.basename(s) for s in _sources.sources(csrc, torch.__version__))}\n\n"
+            f"sources  {csrc}: {' '.join(os.path.basename(s) for s in sources.sources(csrc, torch.__version__))}\n\n"
         )
 
 
@@ -450,9 +450,9 @@ def _compile(partial, csrc, log):
     process, showing ninja's progress; raise ExtensionBuildError on failure."""
     spec = {
         "parent": os.getpid(),
-        "sources": _sources.write_units(csrc, partial, torch.__version__),
-        "cflags": _sources.jit_cflags(torch.__version__, torch.version.git_version),
-        "ldflags": _sources.extra_link_args(),
+        "sources": sources.write_units(csrc, partial, torch.__version__),
+        "cflags": sources.jit_cflags(torch.__version__, torch.version.git_version),
+        "ldflags": sources.extra_link_args(),
         "directory": partial,
     }
     env = dict(os.environ)
@@ -502,7 +502,7 @@ def _check_can_build(root, key, csrc, reason):
         _write_log_header(log, key, csrc, reason)
         raise _failure(
             f"cannot write to the build cache {root} ({e.strerror}); set "
-            f"{_build_cache.ENV_CACHE} to a writable directory", log,
+            f"{build_cache.ENV_CACHE} to a writable directory", log,
         ) from None
     log = os.path.join(root, key + ".log")
     problems = missing_tools()
@@ -558,15 +558,15 @@ def build(reason, force=False):
 
 
 def _build(reason, force):
-    csrc = _sources.csrc_dir()
+    csrc = sources.csrc_dir()
     if csrc is None:
         raise ExtensionBuildError(
             "torch_ctxext cannot build its C++ extension: its sources (csrc/*.cpp) "
-            f"are neither in {_sources.CSRC_CANDIDATES[0]} nor in {_sources.CSRC_CANDIDATES[1]}. "
+            f"are neither in {sources.CSRC_CANDIDATES[0]} nor in {sources.CSRC_CANDIDATES[1]}. "
             "Reinstall torch_ctxext (pip install --force-reinstall torch_ctxext)."
         )
-    root = _build_cache.root()
-    key = _build_cache.build_key(csrc)
+    root = build_cache.root()
+    key = build_cache.build_key(csrc)
     final = os.path.join(root, key)
     library = os.path.join(final, LIBRARY)
     if os.path.isfile(library) and not force:
@@ -634,8 +634,8 @@ def _build_holding_the_lock(reason, force, csrc, root, key, log, failed):
         "torch": torch.__version__,
         "torch_git": torch.version.git_version,
         "python": sys.implementation.cache_tag,
-        "fingerprint": _build_cache.fingerprint(csrc),
-        "sources": [os.path.basename(s) for s in _sources.sources(csrc, torch.__version__)],
+        "fingerprint": build_cache.fingerprint(csrc),
+        "sources": [os.path.basename(s) for s in sources.sources(csrc, torch.__version__)],
         "csrc": csrc,
         "built_at": _now(),
         "seconds": round(seconds, 1),

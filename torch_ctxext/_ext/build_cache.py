@@ -10,7 +10,7 @@ declared there), torch's build configuration, the extension's own sources
 and its compiler flags. So another torch, or the same version built
 differently, or an edited ``csrc/`` gets a build of its own, and environments
 with the same torch and the same torch_ctxext share one, wherever each is
-installed. Nothing here compiles (``_build`` does): finding a build costs
+installed. Nothing here compiles (``build`` does): finding a build costs
 reading and hashing those few files, about 2 ms.
 """
 import hashlib
@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from . import _sources
+from . import sources
 
 ENV_CACHE = "TORCH_CTXEXT_CACHE"
 LIBRARY = "_C.so"
@@ -70,7 +70,7 @@ def fingerprint(csrc):
     """Digest of what the build's layouts and code come from: torch's headers
     that the extension includes, its sources and headers, its flags, the
     Python ABI and the machine."""
-    own = _sources.sources(csrc) + _sources.headers(csrc)
+    own = sources.sources(csrc) + sources.headers(csrc)
     digest = hashlib.sha256()
     for name, path in sorted(_layout_headers(own).items()):
         with open(path, "rb") as f:
@@ -78,9 +78,9 @@ def fingerprint(csrc):
     for path in own:
         with open(path, "rb") as f:
             digest.update(b"source\0%s\0%s" % (os.path.basename(path).encode(), f.read()))
-    flags = _sources.jit_cflags(torch.__version__, torch.version.git_version) + _sources.extra_link_args()
-    # How the sources are put together (_sources.UNITS): what each translation unit includes.
-    units = [[name, [os.path.basename(m) for m in members]] for name, members in _sources.units(csrc, torch.__version__)]
+    flags = sources.jit_cflags(torch.__version__, torch.version.git_version) + sources.extra_link_args()
+    # How the sources are put together (sources.UNITS): what each translation unit includes.
+    units = [[name, [os.path.basename(m) for m in members]] for name, members in sources.units(csrc, torch.__version__)]
     digest.update(json.dumps([flags, units, sys.implementation.cache_tag, platform.machine()]).encode())
     return digest.hexdigest()
 
@@ -96,7 +96,7 @@ def build_key(csrc):
 
 def cached_library():
     """Path of the published build for the running torch, or None."""
-    csrc = _sources.csrc_dir()
+    csrc = sources.csrc_dir()
     if csrc is None:
         return None
     path = os.path.join(root(), build_key(csrc), LIBRARY)

@@ -22,7 +22,7 @@ import weakref
 import torch
 from torch.autograd.function import BackwardCFunction, Function, FunctionCtx
 
-from . import _features
+from .. import _features
 
 CALLED_TWICE_ERROR = "set_output_grad_dtype can only be called once"
 

@@ -3,7 +3,7 @@
 The extension reads, and for two members writes, torch's internal structures
 (THPFunction, the node's InputMetadata and VariableInfo, the GraphTask, on
 torch 2.12 PyNode's vtable) by the layout of the headers it was compiled
-with. The build check in ``_extension`` compares version and git hash; a
+with. The build check in ``loader`` compares version and git hash; a
 torch built from an edited tree, with an ``Unknown`` git hash, or patched by
 a distribution passes it with a different layout. So before anything is
 installed, a probe Function is run and everything the extension reads of it

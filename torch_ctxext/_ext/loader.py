@@ -7,7 +7,7 @@ was compiled with. Loaded into any other torch build it would read garbage, so
 1. the build installed with the package (``pip install`` compiled it where
    torch was importable: ``_C`` beside ``_build_info.py``, which records the
    torch it was built for), if that is the running torch;
-2. the build for the running torch in the cache (``_build``);
+2. the build for the running torch in the cache (``build``);
 3. a new build in the cache, compiled now (first import after an install from
    source or a torch upgrade), unless ``TORCH_CTXEXT_JIT=0``: then the
    ImportError says how to get one.
@@ -22,11 +22,15 @@ import sys
 
 import torch
 
-from . import _build, _build_cache, _releases
-from ._build import ExtensionBuildError  # noqa: F401  (raised by load())
+from .. import _releases
+from . import build, build_cache
+from .build import ExtensionBuildError  # noqa: F401  (raised by load())
 
+# The package this layer belongs to (torch_ctxext, or the name a library
+# vendors it under): its _C is the extension.
+PACKAGE = __package__.rpartition(".")[0]
 REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps torch_ctxext"
-BUILD_AHEAD = f"{_build.ENV_JIT}=1 python -m torch_ctxext build"
+BUILD_AHEAD = f"{build.ENV_JIT}=1 python -m torch_ctxext build"
 
 # Where the loaded extension came from (``python -m torch_ctxext info``):
 # origin is "package" (installed with it), "cache" or "built" (at this import).
@@ -43,7 +47,7 @@ def _mismatch(built_version, built_git):
         f"torch_ctxext was built for torch {built_version} (git {built_git[:12]}) "
         f"but torch {torch.__version__} (git {torch.version.git_version[:12]}) "
         "is running. Its extension reads autograd internals by layout and must "
-        f"be rebuilt against the running torch: unset {_build.ENV_JIT} (it is 0) "
+        f"be rebuilt against the running torch: unset {build.ENV_JIT} (it is 0) "
         f"to build it at import, build it ahead of time with `{BUILD_AHEAD}`, or "
         f"reinstall with `{REBUILD}` (`.` instead of torch_ctxext in a checkout)."
     )
@@ -81,9 +85,9 @@ def _not_built():
     return ImportError(
         "torch_ctxext's C++ extension has not been built for torch "
         f"{torch.__version__} (git {torch.version.git_version[:12]}), and "
-        f"{_build.ENV_JIT}=0 forbids building it at import. Build it ahead of time "
-        f"with `{BUILD_AHEAD}` (into {_build_cache.root()}), or unset "
-        f"{_build.ENV_JIT} to build it at the next import."
+        f"{build.ENV_JIT}=0 forbids building it at import. Build it ahead of time "
+        f"with `{BUILD_AHEAD}` (into {build_cache.root()}), or unset "
+        f"{build.ENV_JIT} to build it at the next import."
     )
 
 
@@ -95,10 +99,10 @@ def packaged_build():
     """(path of _C, torch version, git) of the build installed with the
     package, or None if it carries none."""
     try:
-        from . import _build_info
+        from .. import _build_info
     except ImportError:
         return None
-    spec = importlib.util.find_spec(__package__ + "._C")
+    spec = importlib.util.find_spec(PACKAGE + "._C")
     if spec is None or not spec.origin:
         return None
     return spec.origin, _build_info.TORCH_VERSION, _build_info.TORCH_GIT_VERSION
@@ -106,7 +110,7 @@ def packaged_build():
 
 def _import(path):
     """Import the library at ``path`` as torch_ctxext._C."""
-    name = __package__ + "._C"
+    name = PACKAGE + "._C"
     if name in sys.modules:
         return sys.modules[name]
     # The library refuses the same way when loaded; checked here first so that
@@ -122,7 +126,7 @@ def _import(path):
     except BaseException:
         del sys.modules[name]
         raise
-    setattr(sys.modules[__package__], "_C", module)
+    setattr(sys.modules[PACKAGE], "_C", module)
     return module
 
 
@@ -155,9 +159,9 @@ def load():
     packaged = packaged_build()
     if packaged and _same_build(packaged[1], packaged[2]):
         path, origin = packaged[0], "package"
-    elif cached := _build_cache.cached_library():
+    elif cached := build_cache.cached_library():
         path, origin = cached, "cache"
-    elif not _build.jit_enabled():
+    elif not build.jit_enabled():
         raise _mismatch(packaged[1], packaged[2]) if packaged else _not_built()
     else:
         reason = (
@@ -165,7 +169,7 @@ def load():
             if packaged
             else "this copy of torch_ctxext carries no build (installed from source)"
         )
-        path, built = _build.build(reason)
+        path, built = build.build(reason)
         origin = "built" if built else "cache"  # or another process built it meanwhile
     module = _import(path)
     if not _same_build(module.built_for_torch, module.built_for_git_version):
