@@ -18,65 +18,107 @@
 
 namespace torch_ctxext {
 
-void validate_direct_accumulation(const InputBuffer& buffer, size_t pos,
-                                  const c10::Device& device,
-                                  const std::optional<c10::Stream>& producer,
-                                  const std::optional<c10::Stream>& consumer,
-                                  std::thread::id exposing_thread) {
+std::optional<Refusal> direct_accumulation_refusal(
+    const InputBuffer& buffer, size_t pos, const c10::Device& device,
+    const std::optional<c10::Stream>& producer,
+    const std::optional<c10::Stream>& consumer,
+    std::thread::id exposing_thread) {
+  Refusal refusal{};
   const auto buffer_device = buffer.buffer[pos].device();
   if (buffer_device != device) {
-    std::ostringstream msg;
-    msg << "Direct InputBuffer accumulation requires the buffer and gradient "
-           "to be on the same device, but the buffer is on "
-        << buffer_device << " and the gradient is on " << device;
-    throw std::runtime_error(msg.str());
+    refusal.kind = Refusal::Kind::kDevice;
+    refusal.buffer_device = buffer_device;
+    refusal.gradient_device = device;
+    return refusal;
   }
   const auto this_thread = std::this_thread::get_id();
   if (this_thread != exposing_thread) {
-    std::ostringstream msg;
-    msg << "Direct InputBuffer accumulation requires the same autograd engine "
-           "thread, but the buffer was exposed on thread "
-        << exposing_thread << " and is now being accessed on thread "
-        << this_thread;
-    throw std::runtime_error(msg.str());
+    refusal.kind = Refusal::Kind::kThread;
+    refusal.exposing_thread = exposing_thread;
+    refusal.accessing_thread = this_thread;
+    return refusal;
   }
+  // The stream kinds report the producer and consumer streams they saw.
+  refusal.producer = producer;
+  refusal.consumer = consumer;
   if (is_accelerator(device.type())) {
     const auto accumulation = accumulation_stream(buffer, pos);
     const auto ready = ready_stream(buffer, pos);
     if (!accumulation || !ready) {
       // The engine records both for every accelerator slot it filled (from
       // torch 2.8; callers never expose an accelerator slot before).
-      throw std::runtime_error(
-          "torch_ctxext: the engine recorded no accumulation or ready stream "
-          "for this accelerator buffer, so direct accumulation into it cannot "
-          "be validated");
+      refusal.kind = Refusal::Kind::kSlotStreamsUnrecorded;
+      return refusal;
     }
     if (!producer || !consumer) {
-      std::ostringstream msg;
-      msg << "Direct InputBuffer accumulation for an accelerator buffer "
-             "requires producer and consumer streams, but got producer stream "
-             "present: "
-          << producer.has_value()
-          << " and consumer stream present: " << consumer.has_value();
-      throw std::runtime_error(msg.str());
+      refusal.kind = Refusal::Kind::kStreamsAbsent;
+      return refusal;
     }
     if (!(*producer == *consumer && *producer == *accumulation &&
           *producer == *ready)) {
-      std::ostringstream msg;
-      msg << "Direct InputBuffer accumulation requires the same stream, but "
-             "got producer "
-          << *producer << ", consumer " << *consumer << ", accumulation "
-          << *accumulation << ", and ready " << *ready;
-      throw std::runtime_error(msg.str());
+      refusal.kind = Refusal::Kind::kStream;
+      refusal.accumulation = accumulation;
+      refusal.ready = ready;
+      return refusal;
     }
   } else if (producer || consumer) {
-    std::ostringstream msg;
-    msg << "Direct InputBuffer accumulation for a non-accelerator buffer "
-           "requires producer and consumer streams to be absent, but got "
-           "producer stream present: "
-        << producer.has_value()
-        << " and consumer stream present: " << consumer.has_value();
-    throw std::runtime_error(msg.str());
+    refusal.kind = Refusal::Kind::kStreamsPresent;
+    return refusal;
+  }
+  return std::nullopt;
+}
+
+std::string refusal_message(const Refusal& r) {
+  std::ostringstream msg;
+  switch (r.kind) {
+    case Refusal::Kind::kDevice:
+      msg << "Direct InputBuffer accumulation requires the buffer and gradient "
+             "to be on the same device, but the buffer is on "
+          << r.buffer_device << " and the gradient is on " << r.gradient_device;
+      break;
+    case Refusal::Kind::kThread:
+      msg << "Direct InputBuffer accumulation requires the same autograd "
+             "engine thread, but the buffer was exposed on thread "
+          << r.exposing_thread << " and is now being accessed on thread "
+          << r.accessing_thread;
+      break;
+    case Refusal::Kind::kSlotStreamsUnrecorded:
+      msg << "torch_ctxext: the engine recorded no accumulation or ready "
+             "stream for this accelerator buffer, so direct accumulation into "
+             "it cannot be validated";
+      break;
+    case Refusal::Kind::kStreamsAbsent:
+      msg << "Direct InputBuffer accumulation for an accelerator buffer "
+             "requires producer and consumer streams, but got producer stream "
+             "present: "
+          << r.producer.has_value()
+          << " and consumer stream present: " << r.consumer.has_value();
+      break;
+    case Refusal::Kind::kStream:
+      msg << "Direct InputBuffer accumulation requires the same stream, but "
+             "got producer "
+          << *r.producer << ", consumer " << *r.consumer << ", accumulation "
+          << *r.accumulation << ", and ready " << *r.ready;
+      break;
+    case Refusal::Kind::kStreamsPresent:
+      msg << "Direct InputBuffer accumulation for a non-accelerator buffer "
+             "requires producer and consumer streams to be absent, but got "
+             "producer stream present: "
+          << r.producer.has_value()
+          << " and consumer stream present: " << r.consumer.has_value();
+      break;
+  }
+  return msg.str();
+}
+
+void validate_direct_accumulation(const InputBuffer& buffer, size_t pos,
+                                  const c10::Device& device,
+                                  const std::optional<c10::Stream>& producer,
+                                  const std::optional<c10::Stream>& consumer,
+                                  std::thread::id exposing_thread) {
+  if (auto refusal = direct_accumulation_refusal(
+          buffer, pos, device, producer, consumer, exposing_thread)) {
+    throw std::runtime_error(refusal_message(*refusal));
   }
 }
 

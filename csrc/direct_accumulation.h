@@ -24,10 +24,44 @@
 
 namespace torch_ctxext {
 
-// Throws std::runtime_error with torch 2.15's text when accumulating into
-// slot `pos` of `buffer` (exposed on `exposing_thread`) from this thread, for
-// a gradient on `device` produced on `producer` and consumed on `consumer`,
-// is not allowed.
+// Which of the rules below an accumulation breaks, with what it compared:
+// the getter and the engine hook raise it as torch 2.15's text
+// (refusal_message), explain() hands it to Python as fields.
+struct Refusal {
+  enum class Kind {
+    kDevice,                 // the buffer and the gradient on two devices
+    kThread,                 // another engine thread than the exposing one
+    kSlotStreamsUnrecorded,  // no accumulation or ready stream recorded
+    kStreamsAbsent,          // accelerator: no producer or consumer stream
+    kStream,                 // accelerator: the four streams differ
+    kStreamsPresent,         // non-accelerator: a producer or consumer stream
+  };
+  Kind kind;
+  c10::Device buffer_device{c10::kCPU};    // kDevice
+  c10::Device gradient_device{c10::kCPU};  // kDevice
+  std::thread::id exposing_thread;         // kThread
+  std::thread::id accessing_thread;        // kThread
+  std::optional<c10::Stream> producer;     // the stream kinds
+  std::optional<c10::Stream> consumer;
+  std::optional<c10::Stream> accumulation;  // kStream
+  std::optional<c10::Stream> ready;         // kStream
+};
+
+// Why accumulating into slot `pos` of `buffer` (exposed on `exposing_thread`)
+// from this thread, for a gradient on `device` produced on `producer` and
+// consumed on `consumer`, is not allowed; nullopt when it is.
+std::optional<Refusal> direct_accumulation_refusal(
+    const InputBuffer& buffer, size_t pos, const c10::Device& device,
+    const std::optional<c10::Stream>& producer,
+    const std::optional<c10::Stream>& consumer,
+    std::thread::id exposing_thread);
+
+// torch 2.15's error text for `refusal`, verbatim (torch_ctxext's own for
+// kSlotStreamsUnrecorded, which torch 2.15 cannot reach).
+std::string refusal_message(const Refusal& refusal);
+
+// Throws std::runtime_error with refusal_message when
+// direct_accumulation_refusal finds one.
 void validate_direct_accumulation(const InputBuffer& buffer, size_t pos,
                                   const c10::Device& device,
                                   const std::optional<c10::Stream>& producer,

@@ -185,12 +185,13 @@ void for_each_slot(THPFunction* ctx, Node* node, GraphTask* task,
   }
 }
 
-// Throws torch 2.15's error when direct accumulation into `slot` from the
-// running node is not allowed (called under the task's mutex, for a slot
-// the in-place rule allows).
-void validate_exposure(GraphTask* task, Node* node, const Slot& slot) {
+// Why direct accumulation into `slot` from the running node is not allowed
+// (under the task's mutex, for a slot the in-place rule allows); nullopt
+// when it is. The getter raises it with torch 2.15's text.
+std::optional<Refusal> exposure_refusal(GraphTask* task, Node* node,
+                                        const Slot& slot) {
   const auto thread = exposing_thread(task, slot.consumer, slot.pos);
-  validate_direct_accumulation(
+  return direct_accumulation_refusal(
       *slot.buffer, slot.pos, slot.buffer->buffer[slot.pos].device(),
       node->stream(), consumer_stream(*slot.buffer, slot.consumer),
       thread.value_or(std::this_thread::get_id()));
@@ -232,7 +233,9 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
         !direct_accumulation_checkable(tensor.device())) {
       return;
     }
-    validate_exposure(task, node, slot);
+    if (auto refusal = exposure_refusal(task, node, slot)) {
+      throw std::runtime_error(refusal_message(*refusal));
+    }
     if (!later_ok && expects_later_producers(task, node, slot.consumer)) {
       return;
     }
@@ -267,14 +270,12 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
   return result;
 }
 
-std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
-    PyObject* ctx_obj) {
+std::vector<BufferReason> explain_input_grad_buffers(PyObject* ctx_obj) {
   THPFunction* ctx = as_ctx(ctx_obj, "explain");
   Node* node = node_of(ctx);
   GraphTask* task = running_task_for(node);
   const bool later_ok = later_producers_validated();
-  std::vector<std::pair<std::string, std::string>> reasons(
-      ctx->is_variable_input.size());
+  std::vector<BufferReason> reasons(ctx->is_variable_input.size());
   // (buffer, slot) -> the first argument that reached it
   std::vector<std::pair<std::pair<InputBuffer*, size_t>, size_t>> seen;
   for_each_slot(ctx, node, task, [&](size_t i, const Slot& slot) {
@@ -286,37 +287,35 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
       if (first != seen.end()) {
         // f(x, x): the getter hands the slot to the first argument only.
         const auto& earlier = reasons[first->second];
-        reason = earlier.first == "exposed"
-            ? std::make_pair(std::string("same_slot"),
-                             "the same gradient slot as argument " +
-                                 std::to_string(first->second) +
-                                 ", which gets the buffer")
-            : earlier;
+        if (earlier.code == "exposed") {
+          reason.code = "same_slot";
+          reason.first_argument = first->second;
+        } else {
+          reason = earlier;
+        }
         return;
       }
       seen.push_back({key, i});
     }
     switch (slot.state) {
       case SlotState::kNotATensor:
-        reason = {"not_a_tensor", "the argument is not a tensor"};
+        reason.code = "not_a_tensor";
         return;
       case SlotState::kNoGradient:
-        reason = {"no_gradient", "the input does not require grad"};
+        reason.code = "no_gradient";
         return;
       case SlotState::kEmpty: {
         const auto& exec_info = task->exec_info_;
         if (!exec_info.empty()) {
           auto it = exec_info.find(slot.consumer);
           if (it == exec_info.end() || !it->second.should_execute()) {
-            reason = {"not_needed",
-                      "this backward does not compute the input's gradient "
-                      "(not among backward(inputs=...) / grad(inputs))"};
+            // not among backward(inputs=...) / grad(inputs)
+            reason.code = "not_needed";
             return;
           }
         }
-        reason = {"no_earlier_producer",
-                  "no producer has contributed to the input's gradient yet "
-                  "(consumers created after this Function run before it)"};
+        // consumers created after this Function run before it
+        reason.code = "no_earlier_producer";
         return;
       }
       case SlotState::kFilled:
@@ -325,58 +324,43 @@ std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
     const at::Tensor& tensor = slot.buffer->buffer[slot.pos];
     switch (in_place_rule(tensor)) {
       case InPlace::kSubclass:
-        reason = {"subclass", "the gradient is a tensor subclass"};
+        reason.code = "subclass";
         return;
       case InPlace::kZeroTensor:
-        reason = {"zero_tensor", "the gradient is a zero tensor"};
+        reason.code = "zero_tensor";
         return;
       case InPlace::kNested:
-        reason = {"nested", "the gradient is a nested tensor"};
+        reason.code = "nested";
         return;
       case InPlace::kNotDense:
-        reason = {"not_dense",
-                  "the gradient is not dense (expanded or overlapping)"};
+        reason.code = "not_dense";
         return;
       case InPlace::kShared:
-        reason = {"shared",
-                  "the gradient tensor has " +
-                      std::to_string(tensor.use_count() - 1) +
-                      " other owner(s) (another buffer, a root gradient the "
-                      "caller holds, or a buffer you still hold)"};
+        reason.code = "shared";
+        reason.other_owners = tensor.use_count() - 1;
         return;
       case InPlace::kStorageShared:
-        reason = {"storage_shared",
-                  "the gradient's storage has " +
-                      std::to_string(tensor.has_storage()
-                                         ? tensor.storage().use_count() - 1
-                                         : 0) +
-                      " other owner(s) (a view of a shared storage)"};
+        reason.code = "storage_shared";
+        reason.other_owners =
+            tensor.has_storage() ? tensor.storage().use_count() - 1 : 0;
         return;
       case InPlace::kAllowed:
         break;
     }
     if (!direct_accumulation_checkable(tensor.device())) {
-      reason = {"streams_unrecorded",
-                "the gradient is on an accelerator and this torch's engine "
-                "records no accumulation stream per buffer slot (before 2.8), "
-                "so direct accumulation into it cannot be validated"};
+      reason.code = "streams_unrecorded";
       return;
     }
-    try {
-      validate_exposure(task, node, slot);
-    } catch (const std::exception& e) {
-      reason = {"refused", e.what()};
+    reason.refusal = exposure_refusal(task, node, slot);
+    if (reason.refusal) {
+      reason.code = "refused";
       return;
     }
     if (!later_ok && expects_later_producers(task, node, slot.consumer)) {
-      reason = {"later_producers_unvalidated",
-                "producers that run later may use another engine thread or "
-                "stream, and torch_ctxext could not place the engine hook "
-                "that validates them on this torch build (it needs torch "
-                "2.10 or later)"};
+      reason.code = "later_producers_unvalidated";
       return;
     }
-    reason = {"exposed", "the buffer is exposed"};
+    reason.code = "exposed";
   });
   return reasons;
 }

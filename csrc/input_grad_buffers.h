@@ -1,9 +1,11 @@
 #pragma once
 
+#include "direct_accumulation.h"
 #include "engine_layout.h"
 
+#include <cstdint>
+#include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace torch_ctxext {
@@ -46,11 +48,20 @@ inline constexpr const char* kReentrant =
 // NotACtxError when `ctx` is not a custom Function's ctx.
 PyObject* input_grad_buffers(PyObject* ctx);
 
-// Why each entry of input_grad_buffers is (or would be) None: a
-// (code, explanation) per argument; code "exposed" when it is not None.
-// Reads without taking references, so it changes nothing it explains.
-std::vector<std::pair<std::string, std::string>> explain_input_grad_buffers(
-    PyObject* ctx);
+// Why an entry of input_grad_buffers is what it is: a code from
+// torch_ctxext/_explain.py's vocabulary, which phrases it, and the detail
+// its sentence needs.
+struct BufferReason {
+  std::string code;            // "exposed" when the entry is not None
+  int64_t other_owners = 0;    // "shared", "storage_shared"
+  size_t first_argument = 0;   // "same_slot": the argument given the buffer
+  std::optional<Refusal> refusal;  // "refused": what a read would raise
+};
+
+// Why each entry of input_grad_buffers is (or would be) None: a reason per
+// argument. Reads without taking references, so it changes nothing it
+// explains.
+std::vector<BufferReason> explain_input_grad_buffers(PyObject* ctx);
 
 // A replacement for the engine's run_backward (a bound method, given as
 // `original`): when this thread is inside a node's backward that handed out

@@ -7,6 +7,7 @@
 
 #include <dlfcn.h>
 
+#include <sstream>
 #include <string>
 
 #include "boxed_grads.h"
@@ -128,6 +129,77 @@ py::list dtypes_of(const std::vector<int>& scalar_types) {
   return out;
 }
 
+// What a value prints as in torch's own messages.
+template <typename T>
+std::string printed(const T& value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// A stream as (device, stream id): the two parts torch prints of it.
+py::object stream_fields(const std::optional<c10::Stream>& stream) {
+  if (!stream) {
+    return py::none();
+  }
+  return py::make_tuple(printed(stream->device()), stream->id());
+}
+
+// A refusal's fields, under the names torch_ctxext/_explain.py phrases it by.
+py::dict refusal_fields(const torch_ctxext::Refusal& r) {
+  using Kind = torch_ctxext::Refusal::Kind;
+  py::dict d;
+  switch (r.kind) {
+    case Kind::kDevice:
+      d["kind"] = "device";
+      d["buffer_device"] = printed(r.buffer_device);
+      d["gradient_device"] = printed(r.gradient_device);
+      break;
+    case Kind::kThread:
+      d["kind"] = "thread";
+      d["exposing_thread"] = printed(r.exposing_thread);
+      d["accessing_thread"] = printed(r.accessing_thread);
+      break;
+    case Kind::kSlotStreamsUnrecorded:
+      d["kind"] = "slot_streams_unrecorded";
+      break;
+    case Kind::kStreamsAbsent:
+    case Kind::kStreamsPresent:
+      d["kind"] = r.kind == Kind::kStreamsAbsent ? "streams_absent"
+                                                 : "streams_present";
+      d["producer_stream_present"] = r.producer.has_value();
+      d["consumer_stream_present"] = r.consumer.has_value();
+      break;
+    case Kind::kStream:
+      d["kind"] = "stream";
+      d["producer_stream"] = stream_fields(r.producer);
+      d["consumer_stream"] = stream_fields(r.consumer);
+      d["accumulation_stream"] = stream_fields(r.accumulation);
+      d["ready_stream"] = stream_fields(r.ready);
+      break;
+  }
+  return d;
+}
+
+// Each reason as (code, detail): detail holds what the code's sentence
+// needs ({} for most codes).
+py::list reasons_for_python(
+    const std::vector<torch_ctxext::BufferReason>& reasons) {
+  py::list out;
+  for (const auto& reason : reasons) {
+    py::dict detail;
+    if (reason.code == "shared" || reason.code == "storage_shared") {
+      detail["owners"] = reason.other_owners;
+    } else if (reason.code == "same_slot") {
+      detail["argument"] = reason.first_argument;
+    } else if (reason.refusal) {
+      detail = refusal_fields(*reason.refusal);
+    }
+    out.append(py::make_tuple(reason.code, detail));
+  }
+  return out;
+}
+
 // --- one copy of the extension per process ----------------------------------
 //
 // Each copy of this library (a second path, or a package that vendors
@@ -221,7 +293,8 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "explain_input_grad_buffers",
       [](py::handle ctx) {
-        return torch_ctxext::explain_input_grad_buffers(ctx.ptr());
+        return reasons_for_python(
+            torch_ctxext::explain_input_grad_buffers(ctx.ptr()));
       },
       py::arg("ctx"));
 #if TORCH_CTXEXT_NO_NATIVE_BOXED_GRADS  // boxed_grads.cpp is compiled up to 2.12 only

@@ -1,11 +1,22 @@
 """torch_ctxext.explain: why an entry of ctx.input_grad_buffers is None.
 
-Every reason explain() can give is produced here by building the situation.
-Not built: ``other_stream`` (needs an accelerator with streams; these tests
-run on CPU) and ``nested`` (a strided nested tensor cannot be an argument of
-a custom Function: apply raises "NestedTensorImpl doesn't support sizes"; a
-jagged one is a tensor subclass and is reported as ``subclass``, tested).
+Every reason explain() can give is produced here by building the situation:
+on the CPU in this process, and the accelerator ones (``refused``,
+``streams_unrecorded``, ``later_producers_unvalidated``) on the test device
+in a fresh interpreter. ``later_producers_unvalidated`` without a device:
+test_hardening_engine_hooks.py. Not built: ``nested`` (a strided nested
+tensor cannot be an argument of a custom Function: apply raises
+"NestedTensorImpl doesn't support sizes"; a jagged one is a tensor subclass
+and is reported as ``subclass``, tested).
+
+The extension gives each reason as a code and its detail (owner counts,
+the refusal's kind and streams); the sentences are Python's.
 """
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -14,6 +25,7 @@ from torch.autograd.function import FunctionCtx
 from torch.utils._pytree import tree_map
 
 import torch_ctxext
+from torch_ctxext import _extension
 from torch_ctxext._explain import explain
 
 BACKPORT = torch_ctxext.features()["input_grad_buffers"] == "torch_ctxext"
@@ -39,6 +51,8 @@ class Probe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         seen = Probe.seen
+        if BACKPORT:  # the extension's (code, detail) per argument
+            seen["raw"] = _extension.load().explain_input_grad_buffers(ctx)
         seen["before"] = explain(ctx)
         buffers = ctx.input_grad_buffers
         seen["read"] = tuple(b is not None for b in buffers)
@@ -114,6 +128,8 @@ def test_exposed_and_no_earlier_producer():
     assert "no earlier producer" in before[1].text
     assert "consumers of the input created after this Function" in before[1].text
     assert seen["read"] == (True, False)
+    assert seen["raw"] == [("exposed", {}), ("no_earlier_producer", {})]
+    assert before[1].detail == {}
     assert "[1] None: no earlier producer" in str(before)
     assert str(before).startswith("ctx.input_grad_buffers of Probe:")
     torch.testing.assert_close(x.grad, torch.ones(3) + C)
@@ -157,7 +173,8 @@ def test_shared_with_another_tensor_names_the_owner_count():
     # add hands one gradient tensor to both of its inputs
     seen = run(lambda: Probe.apply(x, z).sum() + ((x + z) * C).sum())
     reason = seen["before"][0]
-    assert reason.code == "shared" and reason.owners == 1
+    assert seen["raw"][0] == ("shared", {"owners": 1})  # a count, not a sentence
+    assert reason.code == "shared" and reason.owners == 1 and reason.detail == {"owners": 1}
     assert reason.label == "shared with another tensor (1 other owner)"
     assert "shared with another tensor (1 other owner:" in reason.text
 
@@ -167,7 +184,9 @@ def test_storage_shared_views_of_one_storage():
     x, z = leaves()
     seen = run(lambda: Probe.apply(x, z).sum() + (torch.stack([x, z]) * C).sum())
     reason = seen["before"][0]
+    assert seen["raw"][0] == ("storage_shared", {"owners": 2})
     assert reason.code == "storage_shared" and reason.owners == 2
+    assert reason.label == "shared with another tensor (its storage has 2 other owners)"
     assert "storage is shared with another tensor (2 other owners" in reason.text
 
 
@@ -218,8 +237,10 @@ def test_same_slot_through_two_arguments():
     x, _ = leaves()
     seen = run(lambda: Probe.apply(x, x).sum() + (x * C).sum())
     assert seen["before"].codes == ("exposed", "same_slot")
+    assert seen["raw"][1] == ("same_slot", {"argument": 0})
     assert seen["read"] == (True, False)
     assert "same gradient slot as argument 0" in seen["before"][1].text
+    assert seen["before"][1].detail == {"argument": 0}
     assert seen["holding"].codes == ("shared", "same_slot")  # read, still held
     assert seen["passed"].codes == ("exposed", "same_slot")
     torch.testing.assert_close(x.grad, 2 * torch.ones(3) + C)
@@ -231,9 +252,198 @@ def test_after_reading_a_held_buffer_counts_as_an_owner_and_the_text_says_so():
     seen = run(lambda: Probe.apply(x, z).sum() + (x * C).sum())
     holding = seen["holding"][0]
     assert holding.code == "shared" and holding.owners == 1
+    assert holding.label == "shared with another tensor (1 other owner)"  # the note is in the text only
     assert "call torch_ctxext.explain(ctx) before reading" in holding.text
     # Passing what was read gives the right answer.
     assert seen["passed"].codes == ("exposed", "no_earlier_producer")
+
+
+# --- on an accelerator: the test device, in a fresh interpreter ---------------------
+#
+# The device must be registered before the first backward() of a process, and
+# this one has run many. One interpreter builds the three situations; each
+# records explain(ctx)'s first reason and what reading ctx.input_grad_buffers
+# then gave (the entries' presence, or the error it raised).
+
+ON_THE_DEVICE = """
+import json, os, sys
+import torch, torch_ctxext_testdevice
+import torch_ctxext
+from torch.autograd import Function
+from torch_ctxext import _features, explain
+
+device = torch.device("testdevice:0")
+td = torch.testdevice
+out = {"exposure": _features.buffer_exposure()}
+
+
+def record(name, ctx):
+    reason = explain(ctx)[0]
+    try:
+        read = [b is not None for b in ctx.input_grad_buffers]
+    except RuntimeError as e:
+        read = str(e)
+    out[name] = {"code": reason.code, "detail": reason.detail, "text": reason.text,
+                 "label": reason.label, "read": read}
+    return read
+
+
+# 1. x's slot filled on the default stream, the Function's node on a side stream.
+class OnSideStream(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        record("stream", ctx)
+        return g * 2
+
+
+x = torch.ones(3, device=device, requires_grad=True)
+side = td.Stream(device)
+with td.stream(side):
+    y = OnSideStream.apply(x)
+td.current_stream(device).wait_stream(side)
+(y.sum() + (x * 3).sum()).backward()
+out["side"] = side.stream_id
+
+
+# 2. A CPU buffer reaching a node on the device's thread (it has a stream).
+class ToDevice(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(device) * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        record("cpu_buffer", ctx)
+        return (g * 2).cpu()
+
+
+x = torch.ones(3, requires_grad=True)
+(ToDevice.apply(x).sum().cpu() + (x * 3).sum()).backward()
+
+
+# 3. x's CPU slot exposed by CpuScale on the CPU thread, then read by
+# ToDeviceOnly on the device's thread (it runs after CpuScale, whose
+# gradient it needs).
+class ToDeviceOnly(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(device)
+
+    @staticmethod
+    def backward(ctx, g):
+        record("other_thread", ctx)
+        return g.cpu()
+
+
+class CpuScale(Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        return x * 2 + w.cpu()
+
+    @staticmethod
+    def backward(ctx, g):
+        buffer, _ = ctx.input_grad_buffers
+        out["exposing"] = explain(ctx, buffers=(buffer, None))[0].code
+        if buffer is not None:
+            buffer.add_(g * 2)
+            return None, g.to(device)
+        return g * 2, g.to(device)
+
+
+x = torch.ones(3, requires_grad=True)
+try:  # the engine hook refuses ToDeviceOnly's own gradient where it is placed
+    (CpuScale.apply(x, ToDeviceOnly.apply(x)).sum() + (x * 3).sum()).backward()
+except RuntimeError as e:
+    out["backward"] = str(e)
+print(json.dumps(out))
+sys.stdout.flush()
+os._exit(0)  # see test_testdevice.py: shutdown with device threads is not under test
+"""
+
+
+@pytest.fixture(scope="module")
+def on_the_device():
+    if not BACKPORT:
+        pytest.skip("explain()'s accelerator reasons come from torch_ctxext's extension")
+    if importlib.util.find_spec("torch_ctxext_testdevice") is None:
+        pytest.skip("the test device is not installed (tools/run.sh installs it)")
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(ON_THE_DEVICE)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def stream(device, stream_id):
+    return [device, stream_id]  # a (device, id) tuple; JSON makes it a list
+
+
+def test_a_slot_on_another_stream_is_refused_and_the_text_quotes_the_error(on_the_device):
+    seen = on_the_device["stream"]
+    if not on_the_device["exposure"]["accelerator_slots"]:  # torch 2.6, 2.7
+        assert seen["code"] == "streams_unrecorded" and seen["detail"] == {}
+        assert seen["label"] == "accelerator buffer, streams not recorded (torch < 2.8)"
+        assert seen["read"] == [False]
+        return
+    side = on_the_device["side"]
+    assert seen["code"] == "refused" and seen["label"] == "refused (thread or stream)"
+    assert seen["detail"] == {
+        "kind": "stream",
+        "producer_stream": stream("testdevice:0", side),
+        "consumer_stream": stream("testdevice:0", side),
+        "accumulation_stream": stream("testdevice:0", side),
+        "ready_stream": stream("testdevice:0", 0),
+    }
+    assert seen["read"].startswith("Direct InputBuffer accumulation requires the same stream")
+    assert seen["text"] == (
+        "refused: reading ctx.input_grad_buffers raises here, because direct accumulation "
+        f"into this buffer would cross an engine thread or stream ({seen['read']})"
+    )
+
+
+def test_a_cpu_buffer_on_the_device_thread_is_refused_with_the_streams_it_saw(on_the_device):
+    seen = on_the_device["cpu_buffer"]
+    assert seen["code"] == "refused"
+    assert seen["detail"] == {
+        "kind": "streams_present",
+        "producer_stream_present": True,
+        "consumer_stream_present": False,
+    }
+    assert seen["read"] == (
+        "Direct InputBuffer accumulation for a non-accelerator buffer requires producer and "
+        "consumer streams to be absent, but got producer stream present: 1 and consumer "
+        "stream present: 0"
+    )
+    assert seen["text"].endswith(f"({seen['read']})")
+
+
+def test_a_slot_exposed_on_another_engine_thread_is_refused_naming_both_threads(on_the_device):
+    seen = on_the_device["other_thread"]
+    if not on_the_device["exposure"]["later_producer_slots"]:  # torch 2.6 to 2.9
+        # CpuScale's slot, which ToDeviceOnly still reaches, was not exposed,
+        # so no thread recorded it: the device thread's stream is refused.
+        assert on_the_device["exposing"] == "later_producers_unvalidated"
+        assert seen["code"] == "refused" and seen["detail"]["kind"] == "streams_present"
+        assert "backward" not in on_the_device
+        return
+    assert on_the_device["exposing"] == "exposed"
+    assert seen["code"] == "refused"
+    detail = seen["detail"]
+    assert detail["kind"] == "thread" and set(detail) == {"kind", "exposing_thread", "accessing_thread"}
+    assert detail["exposing_thread"] != detail["accessing_thread"]
+    assert seen["read"] == (
+        "Direct InputBuffer accumulation requires the same autograd engine thread, but the "
+        f"buffer was exposed on thread {detail['exposing_thread']} and is now being accessed "
+        f"on thread {detail['accessing_thread']}"
+    )
+    assert seen["text"].endswith(f"({seen['read']})")
+    # The producer's own gradient then meets the engine hook: the same refusal.
+    assert on_the_device["backward"].startswith(seen["read"])
 
 
 # --- without the extension (native torch 2.15) --------------------------------------

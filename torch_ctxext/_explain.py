@@ -22,7 +22,6 @@ wraps the original one; the original is put back when the last user exits.
 import collections
 import contextlib
 import os
-import re
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -34,7 +33,12 @@ from . import _features
 
 __all__ = ["explain", "Reason", "Explanation", "BufferReport", "FunctionBufferStats"]
 
-# code -> (short label, sentence). {n}: owner count, {j}: the other argument.
+# code -> (short label, sentence): every sentence explain() says. A code and
+# its detail come from the extension (csrc/input_grad_buffers.cpp,
+# explain_input_grad_buffers) or from Python (_python_reason, build_reasons);
+# the placeholders are the detail's fields: {owners} (other owners of the
+# gradient or its storage; {s} pluralizes), {argument} (the argument given the
+# buffer), {refusal} (the error a read raises, from _REFUSAL), {version}.
 _TEXT = {
     "exposed": (
         "exposed",
@@ -58,14 +62,14 @@ _TEXT = {
         "(only consumers of the input created after this Function run before it)",
     ),
     "shared": (
-        "shared with another tensor ({n} other owner{s})",
-        "None: the gradient is shared with another tensor ({n} other owner{s}: "
+        "shared with another tensor ({owners} other owner{s})",
+        "None: the gradient is shared with another tensor ({owners} other owner{s}: "
         "add hands one gradient to both its inputs, a root gradient the caller "
         "still holds, or a buffer still held from an earlier read)",
     ),
     "storage_shared": (
-        "shared with another tensor (its storage has {n} other owner{s})",
-        "None: the gradient's storage is shared with another tensor ({n} other "
+        "shared with another tensor (its storage has {owners} other owner{s})",
+        "None: the gradient's storage is shared with another tensor ({owners} other "
         "owner{s}: a view of one storage, e.g. the gradients stack or unbind produce)",
     ),
     "not_dense": (
@@ -76,16 +80,11 @@ _TEXT = {
     "subclass": ("a subclass", "None: the gradient is a tensor subclass"),
     "zero_tensor": ("a zero tensor", "None: the gradient is a zero tensor"),
     "nested": ("a nested tensor", "None: the gradient is a nested tensor"),
-    "other_stream": (
-        "different device or stream",
-        "None: the gradient is accumulated on another device or stream than the "
-        "running backward's",
-    ),
     "refused": (
         "refused (thread or stream)",
         "refused: reading ctx.input_grad_buffers raises here, because direct "
         "accumulation into this buffer would cross an engine thread or stream "
-        "({detail})",
+        "({refusal})",
     ),
     "later_producers_unvalidated": (
         "later producers cannot be validated",
@@ -100,19 +99,67 @@ _TEXT = {
         "into it cannot be validated",
     ),
     "same_slot": (
-        "same slot as argument {j}",
-        "None: the same gradient slot as argument {j} (the same tensor passed "
+        "same slot as argument {argument}",
+        "None: the same gradient slot as argument {argument} (the same tensor passed "
         "twice, f(x, x)): only the first argument gets the buffer",
     ),
     "unknown": (
         "None (reason needs torch_ctxext's extension)",
         "None: no earlier producer, or the buffer is shared, not dense, a "
-        "subclass, zero or nested tensor, or on another stream. torch_ctxext "
+        "subclass, zero or nested tensor. torch_ctxext "
         "tells which only with its C++ extension (torch 2.6 to 2.14); this torch "
         "({version}) provides input_grad_buffers natively and the extension is "
         "not loaded",
     ),
 }
+
+# The error a read raises for each kind of refusal (the detail's "kind"):
+# torch 2.15's texts (input_buffer.cpp), which the getter raises as
+# csrc/direct_accumulation.cpp's refusal_message writes them, quoted by the
+# "refused" sentence. A stream field is (device, stream id).
+_REFUSAL = {
+    "device": (
+        "Direct InputBuffer accumulation requires the buffer and gradient to be on "
+        "the same device, but the buffer is on {buffer_device} and the gradient is "
+        "on {gradient_device}"
+    ),
+    "thread": (
+        "Direct InputBuffer accumulation requires the same autograd engine thread, "
+        "but the buffer was exposed on thread {exposing_thread} and is now being "
+        "accessed on thread {accessing_thread}"
+    ),
+    "slot_streams_unrecorded": (
+        "torch_ctxext: the engine recorded no accumulation or ready stream for this "
+        "accelerator buffer, so direct accumulation into it cannot be validated"
+    ),
+    "streams_absent": (
+        "Direct InputBuffer accumulation for an accelerator buffer requires producer "
+        "and consumer streams, but got producer stream present: "
+        "{producer_stream_present:d} and consumer stream present: "
+        "{consumer_stream_present:d}"
+    ),
+    "stream": (
+        "Direct InputBuffer accumulation requires the same stream, but got producer "
+        "{producer_stream}, consumer {consumer_stream}, accumulation "
+        "{accumulation_stream}, and ready {ready_stream}"
+    ),
+    "streams_present": (
+        "Direct InputBuffer accumulation for a non-accelerator buffer requires "
+        "producer and consumer streams to be absent, but got producer stream "
+        "present: {producer_stream_present:d} and consumer stream present: "
+        "{consumer_stream_present:d}"
+    ),
+}
+
+
+def _refusal_text(detail):
+    """The error a read raises, for a "refused" reason's detail."""
+    fields = {
+        name: f"stream {value[1]} on device {value[0]}" if name.endswith("_stream") else value
+        for name, value in detail.items()
+    }
+    return _REFUSAL[detail["kind"]].format(**fields)
+
 
 # Entries that are None because there is nothing to fuse, not a fallback.
 NOT_APPLICABLE = frozenset(
@@ -135,6 +182,9 @@ class Reason:
     text: str
     label: str
     owners: int | None = None  # other owners, for "shared" / "storage_shared"
+    # What the text was phrased from: "owners", "argument" (same_slot), the
+    # refusal's "kind" and what it compared (refused); {} for most codes.
+    detail: dict = field(default_factory=dict, compare=False)
 
     @property
     def exposed(self):
@@ -160,15 +210,19 @@ class Explanation(tuple):
         return "\n".join([head] + [f"  [{r.index}] {r.text}" for r in self])
 
 
-def _reason(index, code, *, owners=None, other=None, note=""):
+def _reason(index, code, detail=None, note=""):
+    """The Reason for argument ``index``: ``code``'s sentence, phrased from
+    ``detail`` (see _TEXT)."""
+    detail = dict(detail or {})
     label, text = _TEXT[code]
+    owners = detail.get("owners")
     fmt = {
-        "n": owners,
+        **detail,
         "s": "" if owners == 1 else "s",
-        "j": other,
         "version": torch.__version__,
+        "refusal": _refusal_text(detail) if code == "refused" else None,
     }
-    return Reason(index, code, text.format(**fmt) + note, label.format(**fmt), owners)
+    return Reason(index, code, text.format(**fmt) + note, label.format(**fmt), owners, detail)
 
 
 def _extension():
@@ -232,20 +286,13 @@ def _python_reason(ctx, i, slots):
     return _reason(i, "unknown")
 
 
-_OWNERS = re.compile(r"has (\d+) other owner")
-
-
 def _from_raw(i, raw, note=""):
-    code, text = raw
-    if code == "refused":
-        label, sentence = _TEXT[code]
-        return Reason(i, code, sentence.format(detail=text), label)
-    if code in ("shared", "storage_shared"):
-        m = _OWNERS.search(text)
-        return _reason(i, code, owners=int(m.group(1)) if m else None, note=note)
-    if code in _TEXT:
-        return _reason(i, code)
-    return Reason(i, code, f"None: {text}", code)  # a code this module does not know
+    """The Reason for the extension's (code, detail) of argument ``i``."""
+    code, detail = raw
+    if code not in _TEXT:  # a code this module does not know
+        text = f"None: {code} {detail}" if detail else f"None: {code}"
+        return Reason(i, code, text, code, detail=dict(detail))
+    return _reason(i, code, detail, note)
 
 
 def build_reasons(ctx, buffers, raw, held_note=False):
@@ -266,7 +313,7 @@ def build_reasons(ctx, buffers, raw, held_note=False):
         if buffers is not None and buffers[i] is not None:
             reasons.append(_reason(i, "exposed"))
         elif first_exposed:
-            reasons.append(_reason(i, "same_slot", other=j))
+            reasons.append(_reason(i, "same_slot", {"argument": j}))
         elif raw is not None:
             note = _HELD_NOTE if held_note and raw[i][0] == "shared" else ""
             reasons.append(_from_raw(i, raw[i], note))
