@@ -25,7 +25,7 @@ from torch.autograd.function import FunctionCtx
 from torch.utils._pytree import tree_map
 
 import torch_ctxext
-from torch_ctxext import _extension
+from torch_ctxext._ext import loader as _extension
 from torch_ctxext._explain import explain
 
 BACKPORT = torch_ctxext.features()["input_grad_buffers"] == "torch_ctxext"
@@ -455,7 +455,7 @@ def test_native_exposed_same_slot_and_unknown():
     seen = run(lambda: Probe.apply(x, z).sum() + (x * C).sum())
     assert seen["before"].codes == ("exposed", "unknown")
     assert "needs" not in seen["before"][0].text
-    assert "only with its C++ extension (torch 2.6 to 2.14)" in seen["before"][1].text
+    assert "only with its C++ extension (torch 2.6 to 2.14)" in seen["before"][1].text  # _releases' range
     seen = run(lambda: Probe.apply(x, x).sum() + (x * C).sum())
     assert seen["before"].codes == ("exposed", "same_slot")
     assert seen["passed"].codes == ("exposed", "same_slot")

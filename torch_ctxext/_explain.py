@@ -8,7 +8,8 @@ Two uses:
   counts, per Function class, how many entries were exposed and how many fell
   back, and why.
 
-The reasons come from the C++ extension (torch 2.6 to 2.14), which walks the
+The reasons come from the C++ extension (where torch_ctxext provides
+input_grad_buffers: _releases.NATIVE_FROM), which walks the
 engine's buffer slots with the same rule as the getter. On a torch that
 provides ``input_grad_buffers`` natively (2.15) the extension is not loaded:
 the reasons Python can see (not a tensor, does not require grad, not needed by
@@ -29,7 +30,14 @@ from dataclasses import dataclass, field
 import torch
 from torch.autograd.function import FunctionCtx
 
-from . import _features
+from . import _features, _releases
+
+# The releases on which torch_ctxext provides input_grad_buffers: '2.6 to 2.14'.
+_PROVIDED_ON = (
+    f"{_releases.RELEASES[0].rsplit('.', 1)[0]} to "
+    + max((r for r in _releases.RELEASES if not _releases.native("input_grad_buffers", r)),
+          key=_releases.release).rsplit(".", 1)[0]
+)
 
 __all__ = ["explain", "Reason", "Explanation", "BufferReport", "FunctionBufferStats"]
 
@@ -107,7 +115,7 @@ _TEXT = {
         "None (reason needs torch_ctxext's extension)",
         "None: no earlier producer, or the buffer is shared, not dense, a "
         "subclass, zero or nested tensor. torch_ctxext "
-        "tells which only with its C++ extension (torch 2.6 to 2.14); this torch "
+        f"tells which only with its C++ extension (torch {_PROVIDED_ON}); this torch "
         "({version}) provides input_grad_buffers natively and the extension is "
         "not loaded",
     ),
@@ -429,7 +437,7 @@ def observe(callback, wants_reasons=False):
         if current is None:
             raise RuntimeError(
                 f"torch {torch.__version__} has no ctx.input_grad_buffers: import "
-                "torch_ctxext first (it provides it on torch 2.6 to 2.14)"
+                f"torch_ctxext first (it provides it on torch {_PROVIDED_ON})"
             )
         if not _observers:
             _original = current
