@@ -14,24 +14,13 @@ from torch.autograd import Function
 from torch.autograd.function import FunctionCtx
 
 try:
-    from ._helpers import float_dtypes, make_tensor, seeds, tensor_specs
+    from ._helpers import float_dtypes, make_tensor, record_calls, seeds, tensor_specs
 except ImportError:
-    from _helpers import float_dtypes, make_tensor, seeds, tensor_specs
+    from _helpers import float_dtypes, make_tensor, record_calls, seeds, tensor_specs
 
 # torch's first use of forward AD loads jit decompositions, which warns that
 # torch.jit.script is deprecated; that is not part of the contract under test.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
-
-
-def _spy(cls, name, calls):
-    """Replace ``cls.<name>`` by a wrapper that records its calls."""
-    original = getattr(cls, name)
-
-    def wrapper(self, *args):
-        calls.append((name, args))
-        return original(self, *args)
-
-    setattr(cls, name, wrapper)
 
 
 class ExpMul(Function):
@@ -78,7 +67,7 @@ def test_apply_jvp_is_called_during_the_forward_under_forward_mode_ad(spec):
             calls.append(("backward", ()))
             return g * 2
 
-    _spy(Spied._backward_cls, "apply_jvp", calls)
+    record_calls(Spied._backward_cls, "apply_jvp", calls)
     x = make_tensor(shape, dtype, seed, requires_grad=True)
     t = make_tensor(shape, dtype, seed + 1)
 
