@@ -15,10 +15,9 @@ from torch.autograd import Function
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 from torch.autograd.variable import Variable
 
-from sample_functions import buffer_reader, doubling, without_ctx
+from sample_functions import buffer_reader, doubling, doubling_with_later_consumer, without_ctx
 from scenario_helpers import (
     Section,
-    backward_with_later_consumer,
     describe_buffers,
     error_of,
     grad_values,
@@ -353,24 +352,20 @@ def reentrant_uncaught():
 @REFUSALS.scenario
 def reentrant_then_read():
     """Reentrant backward first, then read buffers."""
-    rec = {}
 
-    def reentrant_then_read(ctx, g):
+    def reentrant_then_read(ctx, g, rec):
         with torch.enable_grad():
             p = leaf([1.0, 2.0])
             rec["reentrant"] = outcome_of(lambda: tensor_values(torch.autograd.grad((p * 5.0).sum(), [p])[0]))
         rec["bufs"], rec["err"] = read_buffers(ctx)
         return g * 2.0
 
-    x = backward_with_later_consumer(doubling(reentrant_then_read))
-    return {"rec": rec, **grad_values(x=x)}
+    return doubling_with_later_consumer(reentrant_then_read)
 
 
 @REFUSALS.scenario
 def read_from_thread_inside_backward():
-    rec = {}
-
-    def read_from_thread_then_here(ctx, g):
+    def read_from_thread_then_here(ctx, g, rec):
         res = {}
 
         def t():
@@ -383,8 +378,7 @@ def read_from_thread_inside_backward():
         rec["main"], rec["main_err"] = read_buffers(ctx)
         return g * 2.0
 
-    x = backward_with_later_consumer(doubling(read_from_thread_then_here))
-    return {"rec": rec, **grad_values(x=x)}
+    return doubling_with_later_consumer(read_from_thread_then_here)
 
 
 @REFUSALS.scenario
