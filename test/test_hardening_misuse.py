@@ -18,6 +18,7 @@ Where torch 2.15 answers differently the native text is pinned too
 ASSERT (docs/deviations.md) the case is skipped on native torch with the
 reason (``skip_native=``).
 """
+import functools
 import json
 import os
 import signal
@@ -514,19 +515,56 @@ def sogd_called_in_setup_context_and_again():
     in_setup_context(declare_twice)
 
 
-@case("RuntimeError: set_output_grad_dtype expected the number of declarations to match the number of outputs: the Function returned 2 values but 1 declarations were provided")
-def sogd_too_few_declarations():
-    declaring(torch.float64, outputs=lambda x: (x * 2, x * 3)).apply(leaf(1.0))
+def declared(declarations, outputs=lambda x: x * 2, non_differentiable=False, backward=False):
+    """Apply ``declaring(*declarations, ...)`` to a leaf; with ``backward``,
+    run backward through it too."""
+    y = declaring(*declarations, outputs=outputs, non_differentiable=non_differentiable).apply(leaf(1.0))
+    if backward:
+        y.sum().backward()
 
 
-@case("RuntimeError: set_output_grad_dtype expected the number of declarations to match the number of outputs: the Function returned 1 values but 2 declarations were provided")
-def sogd_too_many_declarations():
-    declaring(torch.float64, None).apply(leaf(1.0))
+def case_table(build, rows):
+    """Register one case per row, ``name: (keyword arguments of build, Pin)``."""
+    for name, (arguments, pin) in rows.items():
+        CASES[name] = functools.partial(build, **arguments)
+        PINS[name] = pin
 
 
-@case("RuntimeError: set_output_grad_dtype expected the number of declarations to match the number of outputs: the Function returned 1 values but 0 declarations were provided")
-def sogd_no_declarations():
-    declaring().apply(leaf(1.0))
+def count_mismatch(returned, declared):
+    return (
+        "RuntimeError: set_output_grad_dtype expected the number of declarations to match the number "
+        f"of outputs: the Function returned {returned} values but {declared} declarations were provided"
+    )
+
+
+def not_a_dtype(type_name):
+    return (
+        "RuntimeError: set_output_grad_dtype expects each declaration to be a torch.dtype or None, "
+        f"but got {type_name}"
+    )
+
+
+def not_a_differentiable_output(index):
+    return (
+        f"RuntimeError: set_output_grad_dtype: got a concrete dtype for output {index}, but that output "
+        "is not a differentiable tensor (it is a non-tensor, was marked non-differentiable, or has a "
+        f"non-differentiable dtype). Pass None for output {index} instead."
+    )
+
+
+def cannot_carry_a_gradient(dtype):
+    return (
+        f"RuntimeError: set_output_grad_dtype: {dtype} cannot carry a gradient, but it was declared for "
+        "output 0 (torch.float32). Declare a floating point or complex dtype, or None to keep the "
+        "gradient's own dtype."
+    )
+
+
+case_table(declared, {
+    "sogd_too_few_declarations": (dict(declarations=(torch.float64,), outputs=lambda x: (x * 2, x * 3)), Pin(count_mismatch(2, 1))),
+    "sogd_too_many_declarations": (dict(declarations=(torch.float64, None)), Pin(count_mismatch(1, 2))),
+    "sogd_no_declarations": (dict(declarations=()), Pin(count_mismatch(1, 0))),
+})
 
 
 @case("TypeError: FunctionCtx.set_output_grad_dtype() got an unexpected keyword argument 'dtype'")
@@ -538,77 +576,61 @@ def sogd_keyword_argument():
 # objects that are not a torch.dtype
 
 
-@case("RuntimeError: set_output_grad_dtype expects each declaration to be a torch.dtype or None, but got str")
-def sogd_string():
-    declaring("float64").apply(leaf(1.0))
+case_table(declared, {
+    "sogd_string": (dict(declarations=("float64",)), Pin(not_a_dtype("str"))),
+})
 
 
-@case("RuntimeError: set_output_grad_dtype expects each declaration to be a torch.dtype or None, but got numpy.dtypes.Float64DType")
+@case(not_a_dtype("numpy.dtypes.Float64DType"))
 def sogd_numpy_dtype():
     import numpy as np
 
-    declaring(np.dtype("float64")).apply(leaf(1.0))
+    declared((np.dtype("float64"),))
 
 
-@case("RuntimeError: set_output_grad_dtype expects each declaration to be a torch.dtype or None, but got type")
-def sogd_python_type():
-    declaring(float).apply(leaf(1.0))
-
-
-@case("RuntimeError: set_output_grad_dtype expects each declaration to be a torch.dtype or None, but got type")
-def sogd_the_torch_dtype_class():
-    declaring(torch.dtype).apply(leaf(1.0))
-
-
-@case("RuntimeError: set_output_grad_dtype expects each declaration to be a torch.dtype or None, but got torch.finfo")
-def sogd_finfo():
-    declaring(torch.finfo(torch.float64)).apply(leaf(1.0))
-
-
-@case("RuntimeError: set_output_grad_dtype expects each declaration to be a torch.dtype or None, but got list")
-def sogd_list_of_dtypes():
-    declaring([torch.float64]).apply(leaf(1.0))
+case_table(declared, {
+    "sogd_python_type": (dict(declarations=(float,)), Pin(not_a_dtype("type"))),
+    "sogd_the_torch_dtype_class": (dict(declarations=(torch.dtype,)), Pin(not_a_dtype("type"))),
+    "sogd_finfo": (dict(declarations=(torch.finfo(torch.float64),)), Pin(not_a_dtype("torch.finfo"))),
+    "sogd_list_of_dtypes": (dict(declarations=([torch.float64],)), Pin(not_a_dtype("list"))),
+})
 
 
 # --------------------------------------------------- set_output_grad_dtype:
 # dtypes of the wrong kind, outputs without a gradient
 
 
-@case("RuntimeError: set_output_grad_dtype: got a concrete dtype for output 1, but that output is not a differentiable tensor (it is a non-tensor, was marked non-differentiable, or has a non-differentiable dtype). Pass None for output 1 instead.")
-def sogd_concrete_dtype_for_non_tensor_output():
-    declaring(None, torch.float64, outputs=lambda x: (x * 2, 3)).apply(leaf(1.0))
-
-
-@case("RuntimeError: set_output_grad_dtype: got a concrete dtype for output 0, but that output is not a differentiable tensor (it is a non-tensor, was marked non-differentiable, or has a non-differentiable dtype). Pass None for output 0 instead.")
-def sogd_concrete_dtype_for_non_differentiable_output():
-    declaring(torch.float64, non_differentiable=True).apply(leaf(1.0))
-
-
-@case("RuntimeError: set_output_grad_dtype: got a concrete dtype for output 1, but that output is not a differentiable tensor (it is a non-tensor, was marked non-differentiable, or has a non-differentiable dtype). Pass None for output 1 instead.")
-def sogd_concrete_dtype_for_integer_tensor_output():
-    declaring(
-        None, torch.float64, outputs=lambda x: (x * 2, torch.ones(1, dtype=torch.int64))
-    ).apply(leaf(1.0))
-
-
-@case("RuntimeError: set_output_grad_dtype: torch.int64 cannot carry a gradient, but it was declared for output 0 (torch.float32). Declare a floating point or complex dtype, or None to keep the gradient's own dtype.", skip_native="accepted, then the engine trips its INTERNAL ASSERT at backward (docs/deviations.md, deviation 1)")
-def sogd_integer_dtype():
-    declaring(torch.int64).apply(leaf(1.0)).sum().backward()
-
-
-@case("RuntimeError: set_output_grad_dtype: torch.bool cannot carry a gradient, but it was declared for output 0 (torch.float32). Declare a floating point or complex dtype, or None to keep the gradient's own dtype.", skip_native="accepted, then the engine trips its INTERNAL ASSERT at backward (docs/deviations.md, deviation 1)")
-def sogd_bool_dtype():
-    declaring(torch.bool).apply(leaf(1.0)).sum().backward()
-
-
-@case("RuntimeError: set_output_grad_dtype: torch.qint8 cannot carry a gradient, but it was declared for output 0 (torch.float32). Declare a floating point or complex dtype, or None to keep the gradient's own dtype.", native="RuntimeError: empty_strided not supported on quantized tensors yet see https://github.com/pytorch/pytorch/issues/74540")
-def sogd_quantized_dtype():
-    declaring(torch.qint8).apply(leaf(1.0)).sum().backward()
-
-
-@case("RuntimeError: set_output_grad_dtype: output 0 is a real tensor (torch.float32) but torch.complex64 was declared for its gradient. A real output needs a real floating point gradient dtype and a complex output a complex one.", native="RuntimeError: Expected isFloatingType(grad.scalar_type()) || (input_is_complex == grad_is_complex) to be true, but got false.  (Could this error message be improved?  If so, please report an enhancement request to PyTorch.)")
-def sogd_complex_dtype_for_real_output():
-    declaring(torch.complex64).apply(leaf(1.0)).sum().backward()
+case_table(declared, {
+    "sogd_concrete_dtype_for_non_tensor_output": (
+        dict(declarations=(None, torch.float64), outputs=lambda x: (x * 2, 3)),
+        Pin(not_a_differentiable_output(1)),
+    ),
+    "sogd_concrete_dtype_for_non_differentiable_output": (
+        dict(declarations=(torch.float64,), non_differentiable=True),
+        Pin(not_a_differentiable_output(0)),
+    ),
+    "sogd_concrete_dtype_for_integer_tensor_output": (
+        dict(declarations=(None, torch.float64), outputs=lambda x: (x * 2, torch.ones(1, dtype=torch.int64))),
+        Pin(not_a_differentiable_output(1)),
+    ),
+    "sogd_integer_dtype": (
+        dict(declarations=(torch.int64,), backward=True),
+        Pin(cannot_carry_a_gradient("torch.int64"), skip_native="accepted, then the engine trips its INTERNAL ASSERT at backward (docs/deviations.md, deviation 1)"),
+    ),
+    "sogd_bool_dtype": (
+        dict(declarations=(torch.bool,), backward=True),
+        Pin(cannot_carry_a_gradient("torch.bool"), skip_native="accepted, then the engine trips its INTERNAL ASSERT at backward (docs/deviations.md, deviation 1)"),
+    ),
+    "sogd_quantized_dtype": (
+        dict(declarations=(torch.qint8,), backward=True),
+        Pin(cannot_carry_a_gradient("torch.qint8"), native="RuntimeError: empty_strided not supported on quantized tensors yet see https://github.com/pytorch/pytorch/issues/74540"),
+    ),
+    "sogd_complex_dtype_for_real_output": (
+        dict(declarations=(torch.complex64,), backward=True),
+        Pin("RuntimeError: set_output_grad_dtype: output 0 is a real tensor (torch.float32) but torch.complex64 was declared for its gradient. A real output needs a real floating point gradient dtype and a complex output a complex one.",
+            native="RuntimeError: Expected isFloatingType(grad.scalar_type()) || (input_is_complex == grad_is_complex) to be true, but got false.  (Could this error message be improved?  If so, please report an enhancement request to PyTorch.)"),
+    ),
+})
 
 
 @case("RuntimeError: set_output_grad_dtype: output 0 is a complex tensor (torch.complex64) but torch.float64 was declared for its gradient. A real output needs a real floating point gradient dtype and a complex output a complex one.", native="no exception")
