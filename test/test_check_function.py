@@ -12,6 +12,7 @@ from torch.autograd.function import once_differentiable
 
 import check_corpus as corpus
 from check_corpus import sample
+from check_corpus.forward_mode import Exp  # torch's own docstring example
 import torch_ctxext
 from torch_ctxext.pytest_plugin import ctx_contract  # noqa: F401  (the fixture)
 from torch_ctxext.testing import ContractViolation, check_function
@@ -84,21 +85,6 @@ class Trig(torch.autograd.Function):
     def backward(ctx, g1, g2, g3, _):
         print(g1.dtype, g2.dtype, g3.dtype)
         return g1.to(torch.float16) + g2 + g3.to(torch.float16)
-
-
-class Exp(torch.autograd.Function):
-    """torch's own docstring example; twice differentiable."""
-
-    @staticmethod
-    def forward(ctx, i):
-        result = i.exp()
-        ctx.save_for_backward(result)
-        return result
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (result,) = ctx.saved_tensors
-        return grad_output * result
 
 
 class SortValues(torch.autograd.Function):
