@@ -81,6 +81,30 @@ class Mul(Function):
         return g * w, g * x
 
 
+def linear_map(n_in, n_out, seen):
+    """out_j = sum_i c[j][i] * x_i, with distinct coefficients: (the Function,
+    c). Its backward and its jvp apply the map (transposed for backward) and
+    record what they receive in ``seen["grads"]`` / ``seen["tangents"]``."""
+    c = [[float(1 + j * n_in + i) for i in range(n_in)] for j in range(n_out)]
+
+    class Linear(Function):
+        @staticmethod
+        def forward(ctx, *xs):
+            return tuple(sum(c[j][i] * xs[i] for i in range(n_in)) for j in range(n_out))
+
+        @staticmethod
+        def backward(ctx, *grads):
+            seen["grads"] = grads
+            return tuple(sum(c[j][i] * grads[j] for j in range(n_out)) for i in range(n_in))
+
+        @staticmethod
+        def jvp(ctx, *ts):
+            seen["tangents"] = ts
+            return tuple(sum(c[j][i] * ts[i] for i in range(n_in)) for j in range(n_out))
+
+    return Linear, c
+
+
 def fanout(n, backward, boxed=False):
     """A Function returning ``x * (i + 1)`` for i < n (with ``boxed``, its
     ``boxed_grads_call`` is True); its backward returns ``backward(*args)``,

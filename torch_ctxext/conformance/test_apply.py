@@ -18,12 +18,12 @@ from torch.autograd.function import FunctionCtx
 try:
     from ._helpers import (
         Exp, HAS_BOXED_GRADS, Mul, fanout, fanout_input_grad, float_dtypes,
-        make_tensor, record_calls, seeds, tensor_specs,
+        linear_map, make_tensor, record_calls, seeds, tensor_specs,
     )
 except ImportError:
     from _helpers import (
         Exp, HAS_BOXED_GRADS, Mul, fanout, fanout_input_grad, float_dtypes,
-        make_tensor, record_calls, seeds, tensor_specs,
+        linear_map, make_tensor, record_calls, seeds, tensor_specs,
     )
 
 
@@ -288,20 +288,8 @@ def test_each_backward_argument_is_the_gradient_of_its_output_and_each_return_va
     n_in, n_out, dtype, seed
 ):
     """Each argument is the gradient w.r.t the given output, and each returned value should be the gradient w.r.t. the corresponding input."""
-    # out_j = sum_i c[j][i] * x_i, with distinct coefficients.
-    c = [[float(1 + j * n_in + i) for i in range(n_in)] for j in range(n_out)]
     seen = {}
-
-    class Linear(Function):
-        @staticmethod
-        def forward(ctx, *xs):
-            return tuple(sum(c[j][i] * xs[i] for i in range(n_in)) for j in range(n_out))
-
-        @staticmethod
-        def backward(ctx, *grads):
-            seen["grads"] = grads
-            return tuple(sum(c[j][i] * grads[j] for j in range(n_out)) for i in range(n_in))
-
+    Linear, c = linear_map(n_in, n_out, seen)
     xs = [make_tensor((2,), dtype, seed + i, requires_grad=True) for i in range(n_in)]
     weights = [make_tensor((2,), dtype, seed + 10 + j) for j in range(n_out)]
     outs = Linear.apply(*xs)

@@ -14,9 +14,9 @@ from torch.autograd import Function
 from torch.autograd.function import FunctionCtx
 
 try:
-    from ._helpers import float_dtypes, make_tensor, record_calls, seeds, tensor_specs
+    from ._helpers import float_dtypes, linear_map, make_tensor, record_calls, seeds, tensor_specs
 except ImportError:
-    from _helpers import float_dtypes, make_tensor, record_calls, seeds, tensor_specs
+    from _helpers import float_dtypes, linear_map, make_tensor, record_calls, seeds, tensor_specs
 
 # torch's first use of forward AD loads jit decompositions, which warns that
 # torch.jit.script is deprecated; that is not part of the contract under test.
@@ -172,20 +172,8 @@ def test_each_jvp_argument_is_the_tangent_of_its_input_and_each_return_value_the
     n_in, n_out, dtype, seed
 ):
     """Each argument is the gradient w.r.t the given input, and each returned value should be the gradient w.r.t. the corresponding output."""
-    # out_j = sum_i c[j][i] * x_i, with distinct coefficients.
-    c = [[float(1 + j * n_in + i) for i in range(n_in)] for j in range(n_out)]
     seen = {}
-
-    class Linear(Function):
-        @staticmethod
-        def forward(ctx, *xs):
-            return tuple(sum(c[j][i] * xs[i] for i in range(n_in)) for j in range(n_out))
-
-        @staticmethod
-        def jvp(ctx, *ts):
-            seen["tangents"] = ts
-            return tuple(sum(c[j][i] * ts[i] for i in range(n_in)) for j in range(n_out))
-
+    Linear, c = linear_map(n_in, n_out, seen)
     xs = [make_tensor((2,), dtype, seed + i) for i in range(n_in)]
     ts = [make_tensor((2,), dtype, seed + 10 + i) for i in range(n_in)]
     with fwAD.dual_level():
