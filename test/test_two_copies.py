@@ -43,6 +43,15 @@ FIRST_COPY_INTACT = textwrap.dedent(
 )
 
 
+def vendor_a_copy(tmp_path):
+    """A copy of the package under another name, vendored_ctxext, in tmp_path."""
+    shutil.copytree(
+        os.path.dirname(torch_ctxext.__file__),
+        tmp_path / "vendored_ctxext",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+
+
 def run(script, *args):
     proc = subprocess.run(
         [sys.executable, "-c", FIRST_COPY_INTACT + textwrap.dedent(script), *args],
@@ -99,11 +108,7 @@ def test_a_vendored_copy_of_the_package_reports_the_refusal_in_features(tmp_path
     # missing (one the installed copy does not provide, say a newer member):
     # simulated by hiding the first copy's input_grad_buffers while the
     # vendored copy is imported.
-    shutil.copytree(
-        os.path.dirname(torch_ctxext.__file__),
-        tmp_path / "vendored_ctxext",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    vendor_a_copy(tmp_path)
     code, output = run(
         """
         import sys, warnings
@@ -144,11 +149,7 @@ def test_a_vendored_copy_imported_second_says_the_members_are_the_first_copys_no
     """Every member the installed copy provides is already there when the
     vendored copy is imported: it loads nothing, and says who provides them
     (torch_ctxext, from the other copy), never "native"."""
-    shutil.copytree(
-        os.path.dirname(torch_ctxext.__file__),
-        tmp_path / "vendored_ctxext",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    vendor_a_copy(tmp_path)
     code, output = run(
         """
         import sys
