@@ -33,6 +33,16 @@ def _loss_with_fresh_grads(outs, weights):
     return sum((o * w).sum() for o, w in zip(outs, weights))
 
 
+def _backward_with_fresh_grads(fn, n, shape, dtype, seed):
+    """Backward through the fanout ``fn`` from random weights of its n outputs
+    (_loss_with_fresh_grads); x's gradient must be exact. Returns the weights."""
+    x = make_tensor(shape, dtype, seed, requires_grad=True)
+    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
+    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    torch.testing.assert_close(x.grad, fanout_input_grad(weights))
+    return weights
+
+
 @settings(deadline=None)
 @given(spec=tensor_specs(), n=st.integers(min_value=1, max_value=3))
 def test_engine_calls_apply_boxed_when_boxed_grads_call_is_true(spec, n):
@@ -64,16 +74,12 @@ def test_boxed_backward_receives_a_single_list_instead_of_individual_grads(spec,
         seen["copy"] = list(grads)
         return sum(g * (i + 1) for i, g in enumerate(grads))
 
-    fn = fanout(n, body, boxed=True)
-    x = make_tensor(shape, dtype, seed, requires_grad=True)
-    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
-    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    weights = _backward_with_fresh_grads(fanout(n, body, boxed=True), n, shape, dtype, seed)
     args = seen["args"]
     assert len(args) == 1 and type(args[0]) is list
     assert len(seen["copy"]) == n
     for g, w in zip(seen["copy"], weights):
         torch.testing.assert_close(g, w)  # grads in output order
-    torch.testing.assert_close(x.grad, sum(w * (i + 1) for i, w in enumerate(weights)))
 
 
 @settings(deadline=None)
@@ -100,12 +106,8 @@ def test_apply_boxed_receives_one_list_whose_removed_entries_are_freed_before_ba
         report["alive"] = [r() is not None for r in refs]
         return total
 
-    fn = fanout(n, body, boxed=True)
-    x = make_tensor(shape, dtype, seed, requires_grad=True)
-    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
-    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    _backward_with_fresh_grads(fanout(n, body, boxed=True), n, shape, dtype, seed)
     assert report["alive"] == [not r for r in remove]
-    torch.testing.assert_close(x.grad, sum(w * (i + 1) for i, w in enumerate(weights)))
 
 
 @settings(deadline=None)
@@ -122,12 +124,8 @@ def test_clearing_the_boxed_list_frees_every_grad_while_backward_runs(spec, n):
         report["alive"] = [r() is not None for r in refs]
         return total
 
-    fn = fanout(n, body, boxed=True)
-    x = make_tensor(shape, dtype, seed, requires_grad=True)
-    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
-    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    _backward_with_fresh_grads(fanout(n, body, boxed=True), n, shape, dtype, seed)
     assert report["alive"] == [False] * n
-    torch.testing.assert_close(x.grad, sum(w * (i + 1) for i, w in enumerate(weights)))
 
 
 @settings(deadline=None)
