@@ -11,17 +11,13 @@ import torch
 from torch.autograd.function import once_differentiable
 
 import check_corpus as corpus
+from check_corpus import sample
+from check_corpus.forward_mode import Exp  # torch's own docstring example
 import torch_ctxext
 from torch_ctxext.pytest_plugin import ctx_contract  # noqa: F401  (the fixture)
 from torch_ctxext.testing import ContractViolation, check_function
 
 NATIVE_DTYPES = torch_ctxext.features()["set_output_grad_dtype"] == "native"
-
-
-def sample(*shape, dtype=torch.float32, seed=0, requires_grad=True):
-    gen = torch.Generator().manual_seed(seed)
-    t = torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1
-    return t.to(dtype).requires_grad_(requires_grad)
 
 
 def failures(report, name):
@@ -89,36 +85,6 @@ class Trig(torch.autograd.Function):
     def backward(ctx, g1, g2, g3, _):
         print(g1.dtype, g2.dtype, g3.dtype)
         return g1.to(torch.float16) + g2 + g3.to(torch.float16)
-
-
-class HalfMatmul(torch.autograd.Function):
-    """The mixed-precision example of docs/set_output_grad_dtype.md."""
-
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w)
-        ctx.set_output_grad_dtype(torch.float32)
-        return x.half() @ w.half()
-
-    @staticmethod
-    def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        return g @ w.t(), x.t() @ g
-
-
-class Exp(torch.autograd.Function):
-    """torch's own docstring example; twice differentiable."""
-
-    @staticmethod
-    def forward(ctx, i):
-        result = i.exp()
-        ctx.save_for_backward(result)
-        return result
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (result,) = ctx.saved_tensors
-        return grad_output * result
 
 
 class SortValues(torch.autograd.Function):
@@ -265,6 +231,8 @@ def test_trig_gradient_is_not_the_derivative_and_gradcheck_says_so():
 
 
 def test_half_matmul_from_the_docs_passes_with_the_backport():
+    # The mixed-precision example of docs/set_output_grad_dtype.md.
+    HalfMatmul = corpus.dtypes.HalfMatmul
     x, w = sample(4, 8), sample(8, 2, seed=1)
     if NATIVE_DTYPES:
         # Upstream deviation 2: a materialized zero gradient arrives as float16,
@@ -488,71 +456,30 @@ class BoxedKeepsGrads(torch.autograd.Function):
         return total
 
 
-class DeclaresIntegerGradDtype(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.set_output_grad_dtype(torch.int64)
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 2
-
-
-def test_fused_path_that_double_counts_is_caught():
-    expect_violation(
-        DoubleCount,
-        sample(4, 3),
-        sample(3, 2, seed=1),
-        rule="input_grad_buffers.fused_matches_fallback",
-        subject="input 0 (x)",
-        says=["counts this Function's contribution twice", "return None for an input"],
-    )
-
-
-def test_fused_path_that_overwrites_the_buffer_is_caught():
-    expect_violation(
-        OverwritesBuffer,
-        sample(4, 3),
-        sample(3, 2, seed=1),
-        rule="input_grad_buffers.fused_matches_fallback",
-        subject="input 0 (x)",
-        says=["overwrote the buffer", "never copy_"],
-    )
-
-
-def test_fused_path_that_accumulates_into_a_copy_is_caught():
-    expect_violation(
-        AccumulatesIntoACopy,
-        sample(4, 3),
-        sample(3, 2, seed=1),
-        rule="input_grad_buffers.fused_matches_fallback",
-        subject="input 0 (x)",
-        says=["lost this Function's contribution", "in place"],
-    )
-
-
-def test_buffer_kept_on_ctx_is_caught():
-    expect_violation(
-        KeepsBufferOnCtx,
-        sample(4, 3),
-        sample(3, 2, seed=1),
-        rule="input_grad_buffers.not_retained",
-        subject="input 0 (x)",
-        says=["still alive after backward returned", "on ctx"],
-    )
-
-
-def test_buffer_kept_in_a_global_is_caught():
+@pytest.mark.parametrize(
+    "fn, rule, says",
+    [
+        pytest.param(DoubleCount, "input_grad_buffers.fused_matches_fallback",
+                     ["counts this Function's contribution twice", "return None for an input"],
+                     id="fused_path_that_double_counts"),
+        pytest.param(OverwritesBuffer, "input_grad_buffers.fused_matches_fallback",
+                     ["overwrote the buffer", "never copy_"],
+                     id="fused_path_that_overwrites_the_buffer"),
+        pytest.param(AccumulatesIntoACopy, "input_grad_buffers.fused_matches_fallback",
+                     ["lost this Function's contribution", "in place"],
+                     id="fused_path_that_accumulates_into_a_copy"),
+        pytest.param(KeepsBufferOnCtx, "input_grad_buffers.not_retained",
+                     ["still alive after backward returned", "on ctx"],
+                     id="buffer_kept_on_ctx"),
+        pytest.param(KeepsBufferGlobally, "input_grad_buffers.not_retained",
+                     ["in a global"],
+                     id="buffer_kept_in_a_global"),
+    ],
+)
+def test_wrong_use_of_the_buffer_is_caught_naming_the_input(fn, rule, says):
     try:
-        expect_violation(
-            KeepsBufferGlobally,
-            sample(4, 3),
-            sample(3, 2, seed=1),
-            rule="input_grad_buffers.not_retained",
-            subject="input 0 (x)",
-            says=["in a global"],
-        )
+        expect_violation(fn, sample(4, 3), sample(3, 2, seed=1), rule=rule, subject="input 0 (x)",
+                         says=says)
     finally:
         BUFFER_CACHE.clear()
 
@@ -646,7 +573,7 @@ def test_invalid_declared_gradient_dtype_is_caught():
     # torch_ctxext rejects it when apply returns (forward fails); native torch
     # accepts it (deviation 1) and the checker's own validation reports it.
     with pytest.raises(ContractViolation) as info:
-        check_function(DeclaresIntegerGradDtype, sample(3))
+        check_function(corpus.dtypes.DeclaresIntegerGradDtype, sample(3))
     report = info.value.report
     failure = (failures(report, "forward") + failures(report, "set_output_grad_dtype.valid"))[0]
     assert "cannot carry a gradient" in str(failure)

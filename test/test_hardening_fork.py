@@ -84,54 +84,15 @@ def test_every_lock_the_engine_takes_without_the_gil_is_fork_safe():
 
 def _main(lock):
     import torch
-    from torch.autograd import Function
+    from engine_hook_functions import Uncast, fused_backward, uncast_backward
 
     import torch_ctxext  # noqa: F401
     from torch_ctxext._ext import loader as _extension
 
     ext = _extension.load() if _extension.loaded else None
 
-    class Uncast(Function):
-        """Takes its gradient in whatever dtype it arrives."""
-
-        @staticmethod
-        def forward(ctx, x):
-            ctx.set_output_grad_dtype(None)
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            ctx.seen = g.dtype
-            return g * 2
-
-    class Linear(Function):
-        """README's example: fuses w's gradient into the engine's buffer."""
-
-        @staticmethod
-        def forward(ctx, x, w):
-            ctx.save_for_backward(x, w)
-            return x @ w
-
-        @staticmethod
-        def backward(ctx, g):
-            x, w = ctx.saved_tensors
-            _, w_buffer = ctx.input_grad_buffers
-            if w_buffer is not None:
-                w_buffer.addmm_(x.t(), g)
-                return g @ w.t(), None
-            return g @ w.t(), x.t() @ g
-
-    def fused_step():
-        w = torch.ones(4, 4, requires_grad=True)
-        x = torch.ones(2, 4)
-        sum(Linear.apply(x, w).sum() for _ in range(3)).backward()
-        assert torch.equal(w.grad, torch.full((4, 4), 6.0)), w.grad
-
     def uncast_step():
-        x = torch.ones(3, requires_grad=True)
-        y = Uncast.apply(x)
-        y.backward(torch.ones(3, dtype=torch.float64))
-        assert y.grad_fn.seen == torch.float64, y.grad_fn.seen
+        x = uncast_backward()
         assert torch.equal(x.grad, torch.full((3,), 2.0)), x.grad
 
     # Make the engine take the lock on every node it runs, on any graph.
@@ -140,7 +101,7 @@ def _main(lock):
         keep = Uncast.apply(torch.ones(3, requires_grad=True))  # a live declaration
         assert ext.live_uncast_declarations() == 1
     elif lock == "direct_accumulation":
-        fused_step()  # a recorded exposure, and the InputBuffer::add hook
+        fused_backward()  # a recorded exposure, and the InputBuffer::add hook
         assert ext.producer_hook_placed()
 
     stop = threading.Event()
@@ -177,7 +138,7 @@ def _main(lock):
             (a * 2).sum().backward()
             assert torch.equal(a.grad, torch.full((3,), 2.0)), a.grad
             if ext is not None or hasattr(torch.autograd.function.FunctionCtx, "input_grad_buffers"):
-                fused_step()
+                fused_backward()
                 uncast_step()
             print("child: ok", flush=True)
             os._exit(0)

@@ -40,12 +40,12 @@ class MulJvpDropsTerm(Mul):
         return x_tangent * y
 
 
-class ExpSavedForBackwardOnly(torch.autograd.Function):
-    """Saves the result with save_for_backward only, and jvp reads it."""
+class Exp(torch.autograd.Function):
+    """torch's own docstring example; twice differentiable; no jvp."""
 
     @staticmethod
-    def forward(ctx, x):
-        result = x.exp()
+    def forward(ctx, i):
+        result = i.exp()
         ctx.save_for_backward(result)
         return result
 
@@ -53,6 +53,10 @@ class ExpSavedForBackwardOnly(torch.autograd.Function):
     def backward(ctx, grad_output):
         (result,) = ctx.saved_tensors
         return grad_output * result
+
+
+class ExpSavedForBackwardOnly(Exp):
+    """Saves the result with save_for_backward only, and jvp reads it."""
 
     @staticmethod
     def jvp(ctx, x_tangent):

@@ -8,7 +8,8 @@ torch 2.15 API is used, so these run on native 2.15 without torch_ctxext.
 import torch
 from torch.autograd import Function
 
-from scenario_helpers import describe_buffers, dtype_name, error_of, outcome_of, read_buffers, tensor_values
+from scenario_helpers import backward_with_later_consumer, describe_buffers, dtype_name, error_of, grad_values
+from scenario_helpers import leaf, outcome_of, read_buffers, tensor_values
 
 
 def doubling(backward):
@@ -24,6 +25,14 @@ def doubling(backward):
             return backward(ctx, g)
 
     return Doubling
+
+
+def doubling_with_later_consumer(backward):
+    """backward_with_later_consumer(doubling(...)) whose backward is
+    ``backward(ctx, g, rec)``, recording into ``rec``: {"rec": rec, "x.grad": ...}."""
+    rec = {}
+    x = backward_with_later_consumer(doubling(lambda ctx, g: backward(ctx, g, rec)))
+    return {"rec": rec, **grad_values(x=x)}
 
 
 def fusing_scale(scale=2.0, fuse=True, record=None):
@@ -139,6 +148,14 @@ def buffer_reader(record, where="backward", catch=True):
             return g * 2.0
 
     return BufferReader
+
+
+def applied_reader(**options):
+    """buffer_reader(rec, **options) applied to x = leaf([1, 2]): (rec, x, y)."""
+    rec = {}
+    F = buffer_reader(rec, **options)
+    x = leaf([1.0, 2.0])
+    return rec, x, F.apply(x)
 
 
 def without_ctx(record):

@@ -16,6 +16,7 @@ from torch.autograd.function import once_differentiable
 
 from sample_functions import (
     doubling,
+    doubling_with_later_consumer,
     fusing_scale,
     producer_returning,
     scale_with_defaults,
@@ -158,17 +159,15 @@ def no_fuse_returns_grad_anyway():
 @ENGINE_ORDER.scenario
 def fuse_and_also_return_grad():
     """Mutate the buffer AND return a grad: both contributions count?"""
-    rec = {}
 
-    def fuse_100_and_return(ctx, g):
+    def fuse_100_and_return(ctx, g, rec):
         b = ctx.input_grad_buffers
         rec["bufs"] = describe_buffers(b)
         if b[0] is not None:
             b[0].add_(100.0)
         return g * 2.0
 
-    x = backward_with_later_consumer(doubling(fuse_100_and_return))
-    return {"rec": rec, **grad_values(x=x)}
+    return doubling_with_later_consumer(fuse_100_and_return)
 
 
 # --------------------------------------------------------------- None entries
@@ -514,9 +513,7 @@ def requires_grad_buffer_flag():
 
 @IDENTITY.scenario
 def identity_and_double_read():
-    rec = {}
-
-    def read(ctx, g):
+    def read(ctx, g, rec):
         t1 = ctx.input_grad_buffers
         t2 = ctx.input_grad_buffers
         rec["first"] = describe_buffers(t1)
@@ -532,29 +529,24 @@ def identity_and_double_read():
             return None
         return g * 2.0
 
-    x = backward_with_later_consumer(doubling(read))
-    return {"rec": rec, **grad_values(x=x)}
+    return doubling_with_later_consumer(read)
 
 
 @IDENTITY.scenario
 def double_read_dropping_first():
     """Read, drop the tuple, read again."""
-    rec = {}
 
-    def read(ctx, g):
+    def read(ctx, g, rec):
         rec["first"] = describe_buffers(ctx.input_grad_buffers)
         rec["second"] = describe_buffers(ctx.input_grad_buffers)
         return g * 2.0
 
-    x = backward_with_later_consumer(doubling(read))
-    return {"rec": rec, **grad_values(x=x)}
+    return doubling_with_later_consumer(read)
 
 
 @IDENTITY.scenario
 def double_read_holding_entry():
-    rec = {}
-
-    def read(ctx, g):
+    def read(ctx, g, rec):
         b = ctx.input_grad_buffers[0]
         rec["first_present"] = b is not None
         t2 = ctx.input_grad_buffers
@@ -562,8 +554,7 @@ def double_read_holding_entry():
         rec["same"] = (b is t2[0]) if b is not None else None
         return g * 2.0
 
-    x = backward_with_later_consumer(doubling(read))
-    return {"rec": rec, **grad_values(x=x)}
+    return doubling_with_later_consumer(read)
 
 
 @IDENTITY.scenario

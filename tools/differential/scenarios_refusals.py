@@ -15,10 +15,9 @@ from torch.autograd import Function
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 from torch.autograd.variable import Variable
 
-from sample_functions import buffer_reader, doubling, without_ctx
+from sample_functions import applied_reader, buffer_reader, doubling, doubling_with_later_consumer, without_ctx
 from scenario_helpers import (
     Section,
-    backward_with_later_consumer,
     describe_buffers,
     error_of,
     grad_values,
@@ -117,10 +116,7 @@ def read_in_setup_context():
 
 @REFUSALS.scenario
 def read_after_backward_retained_ctx():
-    rec = {}
-    F = buffer_reader(rec)
-    x = leaf([1.0, 2.0])
-    y = F.apply(x)
+    rec, x, y = applied_reader()
     (y.sum() + (x * 3.0).sum()).backward(retain_graph=True)
     ctx = rec["ctx"]
     after, err = read_buffers(ctx)
@@ -137,10 +133,7 @@ def read_after_backward_retained_ctx():
 
 @REFUSALS.scenario
 def read_before_backward_via_grad_fn():
-    rec = {}
-    F = buffer_reader(rec)
-    x = leaf([1.0, 2.0])
-    y = F.apply(x)
+    rec, x, y = applied_reader()
     r, err = read_buffers(y.grad_fn)
     return {"read": r, "err": err}
 
@@ -148,10 +141,7 @@ def read_before_backward_via_grad_fn():
 def other_graph_ctx_case(mode=None):
     """Inside one backward, read the buffers of a ctx of another, pending
     graph; ``mode``: "create_graph", "anomaly" or "posthook" on top."""
-    rec1 = {}
-    F1 = buffer_reader(rec1)
-    x1 = leaf([1.0, 2.0])
-    y1 = F1.apply(x1)
+    rec1, x1, y1 = applied_reader()
     rec = {}
 
     class Rd2(Function):
@@ -187,20 +177,14 @@ REFUSALS.table(
 
 @REFUSALS.scenario
 def direct_grad_fn_apply():
-    rec = {}
-    F = buffer_reader(rec)
-    x = leaf([1.0, 2.0])
-    y = F.apply(x)
+    rec, x, y = applied_reader()
     out = outcome_of(lambda: tensor_values(y.grad_fn.apply(torch.ones(2))))
     return {"rec": without_ctx(rec), "apply": out}
 
 
 @REFUSALS.scenario
 def direct_grad_fn_apply_inside_backward():
-    rec = {}
-    F = buffer_reader(rec)
-    x = leaf([1.0, 2.0])
-    yF = F.apply(x)
+    rec, x, yF = applied_reader()
     rec2 = {}
 
     class Outer(Function):
@@ -220,20 +204,14 @@ def direct_grad_fn_apply_inside_backward():
 
 @REFUSALS.scenario
 def create_graph_uncaught():
-    rec = {}
-    F = buffer_reader(rec, catch=False)
-    x = leaf([1.0, 2.0])
-    y = F.apply(x)
+    rec, x, y = applied_reader(catch=False)
     out = outcome_of(lambda: (y.sum() + (x * 3.0).sum()).backward(create_graph=True))
     return {"rec": without_ctx(rec), "outer": out}
 
 
 @REFUSALS.scenario
 def autograd_grad_create_graph():
-    rec = {}
-    F = buffer_reader(rec)
-    x = leaf([1.0, 2.0])
-    y = F.apply(x)
+    rec, x, y = applied_reader()
     (gx,) = torch.autograd.grad(y.sum() + (x * 3.0).sum(), [x], create_graph=True)
     return {"rec": without_ctx(rec), "gx": tensor_values(gx)}
 
@@ -353,24 +331,20 @@ def reentrant_uncaught():
 @REFUSALS.scenario
 def reentrant_then_read():
     """Reentrant backward first, then read buffers."""
-    rec = {}
 
-    def reentrant_then_read(ctx, g):
+    def reentrant_then_read(ctx, g, rec):
         with torch.enable_grad():
             p = leaf([1.0, 2.0])
             rec["reentrant"] = outcome_of(lambda: tensor_values(torch.autograd.grad((p * 5.0).sum(), [p])[0]))
         rec["bufs"], rec["err"] = read_buffers(ctx)
         return g * 2.0
 
-    x = backward_with_later_consumer(doubling(reentrant_then_read))
-    return {"rec": rec, **grad_values(x=x)}
+    return doubling_with_later_consumer(reentrant_then_read)
 
 
 @REFUSALS.scenario
 def read_from_thread_inside_backward():
-    rec = {}
-
-    def read_from_thread_then_here(ctx, g):
+    def read_from_thread_then_here(ctx, g, rec):
         res = {}
 
         def t():
@@ -383,8 +357,7 @@ def read_from_thread_inside_backward():
         rec["main"], rec["main_err"] = read_buffers(ctx)
         return g * 2.0
 
-    x = backward_with_later_consumer(doubling(read_from_thread_then_here))
-    return {"rec": rec, **grad_values(x=x)}
+    return doubling_with_later_consumer(read_from_thread_then_here)
 
 
 @REFUSALS.scenario

@@ -10,6 +10,7 @@ import runpy
 
 import torch
 from hypothesis import strategies as st
+from torch.autograd import Function
 
 # (major, minor) of the torch under test, e.g. (2, 13).
 _RELEASES = runpy.run_path(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_releases.py"))
@@ -38,6 +39,99 @@ def make_tensor(shape, dtype, seed, requires_grad=False, low=-2.0, high=2.0):
     gen = torch.Generator().manual_seed(seed)
     t = torch.rand(shape, dtype=dtype, generator=gen, device="cpu") * (high - low) + low
     return t.to(torch.empty(0).device).requires_grad_(requires_grad)
+
+
+def record_calls(cls, name, calls):
+    """Replace ``cls.<name>`` by a wrapper that appends ``(name, args)`` to
+    ``calls`` before calling the original."""
+    original = getattr(cls, name)
+
+    def wrapper(self, *args):
+        calls.append((name, args))
+        return original(self, *args)
+
+    setattr(cls, name, wrapper)
+
+
+# --- sample Functions shared by several tests --------------------------------
+
+
+class Exp(Function):
+    """The example of the ``Function`` docstring: exp, saving its output."""
+
+    @staticmethod
+    def forward(ctx, i):
+        result = i.exp()
+        ctx.save_for_backward(result)
+        return result
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (result,) = ctx.saved_tensors
+        return grad_output * result
+
+
+class Mul(Function):
+    """x * w, saving both inputs in forward."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, g * x
+
+
+def linear_map(n_in, n_out, seen):
+    """out_j = sum_i c[j][i] * x_i, with distinct coefficients: (the Function,
+    c). Its backward and its jvp apply the map (transposed for backward) and
+    record what they receive in ``seen["grads"]`` / ``seen["tangents"]``."""
+    c = [[float(1 + j * n_in + i) for i in range(n_in)] for j in range(n_out)]
+
+    class Linear(Function):
+        @staticmethod
+        def forward(ctx, *xs):
+            return tuple(sum(c[j][i] * xs[i] for i in range(n_in)) for j in range(n_out))
+
+        @staticmethod
+        def backward(ctx, *grads):
+            seen["grads"] = grads
+            return tuple(sum(c[j][i] * grads[j] for j in range(n_out)) for i in range(n_in))
+
+        @staticmethod
+        def jvp(ctx, *ts):
+            seen["tangents"] = ts
+            return tuple(sum(c[j][i] * ts[i] for i in range(n_in)) for j in range(n_out))
+
+    return Linear, c
+
+
+def fanout(n, backward, boxed=False):
+    """A Function returning ``x * (i + 1)`` for i < n (with ``boxed``, its
+    ``boxed_grads_call`` is True); its backward returns ``backward(*args)``,
+    args being the gradients backward received (boxed: the one list)."""
+
+    class Fanout(Function):
+        if boxed:  # otherwise the attribute is Function's default
+            boxed_grads_call = True
+
+        @staticmethod
+        def forward(ctx, x):
+            return tuple(x * (i + 1) for i in range(n))
+
+        @staticmethod
+        def backward(ctx, *args):
+            return backward(*args)
+
+    return Fanout
+
+
+def fanout_input_grad(grads):
+    """The gradient of x for fanout's outputs, given theirs."""
+    return sum(g * (i + 1) for i, g in enumerate(grads))
 
 
 @st.composite

@@ -16,20 +16,15 @@ from torch.autograd import Function
 from torch.autograd.function import FunctionCtx
 
 try:
-    from ._helpers import HAS_BOXED_GRADS, float_dtypes, make_tensor, seeds, tensor_specs
+    from ._helpers import (
+        Exp, HAS_BOXED_GRADS, Mul, fanout, fanout_input_grad, float_dtypes,
+        linear_map, make_tensor, record_calls, seeds, tensor_specs,
+    )
 except ImportError:
-    from _helpers import HAS_BOXED_GRADS, float_dtypes, make_tensor, seeds, tensor_specs
-
-
-def _spy(cls, name, calls):
-    """Replace ``cls.<name>`` by a wrapper that records its calls."""
-    original = getattr(cls, name)
-
-    def wrapper(self, *args):
-        calls.append((name, args))
-        return original(self, *args)
-
-    setattr(cls, name, wrapper)
+    from _helpers import (
+        Exp, HAS_BOXED_GRADS, Mul, fanout, fanout_input_grad, float_dtypes,
+        linear_map, make_tensor, record_calls, seeds, tensor_specs,
+    )
 
 
 # --- BackwardCFunction.apply ---------------------------------------------
@@ -52,9 +47,9 @@ def test_engine_calls_apply_on_the_non_boxed_path(spec):
             calls.append(("backward", (g1, g2)))
             return g1 * 2 + g2 * 3
 
-    _spy(Spied._backward_cls, "apply", calls)
+    record_calls(Spied._backward_cls, "apply", calls)
     if HAS_BOXED_GRADS:
-        _spy(Spied._backward_cls, "apply_boxed", calls)
+        record_calls(Spied._backward_cls, "apply_boxed", calls)
     x = make_tensor(shape, dtype, seed, requires_grad=True)
     a, b = Spied.apply(x)
     assert calls == []
@@ -72,18 +67,12 @@ def test_direct_grad_fn_apply_calls_the_user_backward(spec, n):
     shape, dtype, seed = spec
     seen = {}
 
-    class Scale(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return tuple(x * (i + 1) for i in range(n))
-
-        @staticmethod
-        def backward(ctx, *grads):
-            seen["grads"] = grads
-            return sum(g * (i + 1) for i, g in enumerate(grads))
+    def backward(*grads):
+        seen["grads"] = grads
+        return fanout_input_grad(grads)
 
     x = make_tensor(shape, dtype, seed, requires_grad=True)
-    outs = Scale.apply(x)
+    outs = fanout(n, backward).apply(x)
     grads = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
     result = outs[0].grad_fn.apply(*grads)
     assert isinstance(seen["grads"], tuple) and len(seen["grads"]) == n
@@ -101,23 +90,15 @@ def test_direct_grad_fn_apply_boxes_grads_into_a_list(spec, n):
     shape, dtype, seed = spec
     seen = {}
 
-    class Boxed(Function):
-        boxed_grads_call = True
-
-        @staticmethod
-        def forward(ctx, x):
-            return tuple(x * (i + 1) for i in range(n))
-
-        @staticmethod
-        def backward(ctx, *args):
-            seen["args"] = args
-            (grads,) = args
-            total = sum(g * (i + 1) for i, g in enumerate(grads))
-            grads.clear()  # mutable
-            return total
+    def backward(*args):
+        seen["args"] = args
+        (grads,) = args
+        total = fanout_input_grad(grads)
+        grads.clear()  # mutable
+        return total
 
     x = make_tensor(shape, dtype, seed, requires_grad=True)
-    outs = Boxed.apply(x)
+    outs = fanout(n, backward, boxed=True).apply(x)
     grads = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
     result = outs[0].grad_fn.apply(*grads)
     args = seen["args"]
@@ -131,19 +112,6 @@ def test_direct_grad_fn_apply_boxes_grads_into_a_list(spec, n):
 
 def test_docstring_example_function_exp():
     """Examples:: class Exp(Function): ... # Use it by calling the apply method: output = Exp.apply(input)"""
-
-    class Exp(Function):
-        @staticmethod
-        def forward(ctx, i):
-            result = i.exp()
-            ctx.save_for_backward(result)
-            return result
-
-        @staticmethod
-        def backward(ctx, grad_output):
-            (result,) = ctx.saved_tensors
-            return grad_output * result
-
     input = torch.tensor([0.5, -1.0, 2.0], dtype=torch.double, requires_grad=True)
     # Use it by calling the apply method:
     output = Exp.apply(input)
@@ -320,20 +288,8 @@ def test_each_backward_argument_is_the_gradient_of_its_output_and_each_return_va
     n_in, n_out, dtype, seed
 ):
     """Each argument is the gradient w.r.t the given output, and each returned value should be the gradient w.r.t. the corresponding input."""
-    # out_j = sum_i c[j][i] * x_i, with distinct coefficients.
-    c = [[float(1 + j * n_in + i) for i in range(n_in)] for j in range(n_out)]
     seen = {}
-
-    class Linear(Function):
-        @staticmethod
-        def forward(ctx, *xs):
-            return tuple(sum(c[j][i] * xs[i] for i in range(n_in)) for j in range(n_out))
-
-        @staticmethod
-        def backward(ctx, *grads):
-            seen["grads"] = grads
-            return tuple(sum(c[j][i] * grads[j] for j in range(n_out)) for i in range(n_in))
-
+    Linear, c = linear_map(n_in, n_out, seen)
     xs = [make_tensor((2,), dtype, seed + i, requires_grad=True) for i in range(n_in)]
     weights = [make_tensor((2,), dtype, seed + 10 + j) for j in range(n_out)]
     outs = Linear.apply(*xs)
@@ -435,29 +391,13 @@ def test_defining_vjp_is_equivalent_to_defining_backward(spec):
     shape, dtype, seed = spec
 
     class WithVjp(Function):
-        @staticmethod
-        def forward(ctx, x, w):
-            ctx.save_for_backward(x, w)
-            return x * w
+        """Mul with its backward defined as vjp instead."""
 
-        @staticmethod
-        def vjp(ctx, g):
-            x, w = ctx.saved_tensors
-            return g * w, g * x
-
-    class WithBackward(Function):
-        @staticmethod
-        def forward(ctx, x, w):
-            ctx.save_for_backward(x, w)
-            return x * w
-
-        @staticmethod
-        def backward(ctx, g):
-            x, w = ctx.saved_tensors
-            return g * w, g * x
+        forward = staticmethod(Mul.forward)
+        vjp = staticmethod(Mul.backward)
 
     results = []
-    for fn in (WithVjp, WithBackward):
+    for fn in (WithVjp, Mul):
         x = make_tensor(shape, dtype, seed, requires_grad=True)
         w = make_tensor(shape, dtype, seed + 1, requires_grad=True)
         g = make_tensor(shape, dtype, seed + 2)

@@ -14,40 +14,17 @@ from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
 try:
-    from ._helpers import HAS_BOXED_GRADS, float_dtypes, make_tensor, seeds, tensor_specs
+    from ._helpers import (
+        HAS_BOXED_GRADS, fanout, fanout_input_grad, float_dtypes, make_tensor,
+        record_calls, seeds, tensor_specs,
+    )
 except ImportError:
-    from _helpers import HAS_BOXED_GRADS, float_dtypes, make_tensor, seeds, tensor_specs
+    from _helpers import (
+        HAS_BOXED_GRADS, fanout, fanout_input_grad, float_dtypes, make_tensor,
+        record_calls, seeds, tensor_specs,
+    )
 
 pytestmark = pytest.mark.skipif(not HAS_BOXED_GRADS, reason="this torch has no boxed grads call")
-
-
-def _spy(cls, name, calls):
-    """Replace ``cls.<name>`` by a wrapper that records its calls."""
-    original = getattr(cls, name)
-
-    def wrapper(self, *args):
-        calls.append((name, args))
-        return original(self, *args)
-
-    setattr(cls, name, wrapper)
-
-
-def _boxed_fanout(n, body):
-    """A boxed Function returning ``x * (i + 1)`` for i < n; its backward
-    calls ``body(grads)`` which must return the gradient of x."""
-
-    class Fanout(Function):
-        boxed_grads_call = True
-
-        @staticmethod
-        def forward(ctx, x):
-            return tuple(x * (i + 1) for i in range(n))
-
-        @staticmethod
-        def backward(ctx, *args):
-            return body(*args)
-
-    return Fanout
 
 
 def _loss_with_fresh_grads(outs, weights):
@@ -56,15 +33,25 @@ def _loss_with_fresh_grads(outs, weights):
     return sum((o * w).sum() for o, w in zip(outs, weights))
 
 
+def _backward_with_fresh_grads(fn, n, shape, dtype, seed):
+    """Backward through the fanout ``fn`` from random weights of its n outputs
+    (_loss_with_fresh_grads); x's gradient must be exact. Returns the weights."""
+    x = make_tensor(shape, dtype, seed, requires_grad=True)
+    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
+    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    torch.testing.assert_close(x.grad, fanout_input_grad(weights))
+    return weights
+
+
 @settings(deadline=None)
 @given(spec=tensor_specs(), n=st.integers(min_value=1, max_value=3))
 def test_engine_calls_apply_boxed_when_boxed_grads_call_is_true(spec, n):
     """Apply method called by the autograd engine when boxed_grads_call is True."""
     shape, dtype, seed = spec
     calls = []
-    fn = _boxed_fanout(n, lambda grads: sum(g * (i + 1) for i, g in enumerate(grads)))
-    _spy(fn._backward_cls, "apply", calls)
-    _spy(fn._backward_cls, "apply_boxed", calls)
+    fn = fanout(n, fanout_input_grad, boxed=True)
+    record_calls(fn._backward_cls, "apply", calls)
+    record_calls(fn._backward_cls, "apply_boxed", calls)
     x = make_tensor(shape, dtype, seed, requires_grad=True)
     outs = fn.apply(x)
     sum(o.sum() for o in outs).backward()
@@ -87,16 +74,12 @@ def test_boxed_backward_receives_a_single_list_instead_of_individual_grads(spec,
         seen["copy"] = list(grads)
         return sum(g * (i + 1) for i, g in enumerate(grads))
 
-    fn = _boxed_fanout(n, body)
-    x = make_tensor(shape, dtype, seed, requires_grad=True)
-    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
-    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    weights = _backward_with_fresh_grads(fanout(n, body, boxed=True), n, shape, dtype, seed)
     args = seen["args"]
     assert len(args) == 1 and type(args[0]) is list
     assert len(seen["copy"]) == n
     for g, w in zip(seen["copy"], weights):
         torch.testing.assert_close(g, w)  # grads in output order
-    torch.testing.assert_close(x.grad, sum(w * (i + 1) for i, w in enumerate(weights)))
 
 
 @settings(deadline=None)
@@ -123,12 +106,8 @@ def test_apply_boxed_receives_one_list_whose_removed_entries_are_freed_before_ba
         report["alive"] = [r() is not None for r in refs]
         return total
 
-    fn = _boxed_fanout(n, body)
-    x = make_tensor(shape, dtype, seed, requires_grad=True)
-    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
-    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    _backward_with_fresh_grads(fanout(n, body, boxed=True), n, shape, dtype, seed)
     assert report["alive"] == [not r for r in remove]
-    torch.testing.assert_close(x.grad, sum(w * (i + 1) for i, w in enumerate(weights)))
 
 
 @settings(deadline=None)
@@ -145,12 +124,8 @@ def test_clearing_the_boxed_list_frees_every_grad_while_backward_runs(spec, n):
         report["alive"] = [r() is not None for r in refs]
         return total
 
-    fn = _boxed_fanout(n, body)
-    x = make_tensor(shape, dtype, seed, requires_grad=True)
-    weights = [make_tensor(shape, dtype, seed + 1 + i) for i in range(n)]
-    _loss_with_fresh_grads(fn.apply(x), weights).backward()
+    _backward_with_fresh_grads(fanout(n, body, boxed=True), n, shape, dtype, seed)
     assert report["alive"] == [False] * n
-    torch.testing.assert_close(x.grad, sum(w * (i + 1) for i, w in enumerate(weights)))
 
 
 @settings(deadline=None)
@@ -162,18 +137,13 @@ def test_boxed_grads_call_defaults_to_false(spec, n):
     seen = {}
     calls = []
 
-    class Plain(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return tuple(x * (i + 1) for i in range(n))
+    def backward(*grads):
+        seen["grads"] = grads
+        return fanout_input_grad(grads)
 
-        @staticmethod
-        def backward(ctx, *grads):
-            seen["grads"] = grads
-            return sum(g * (i + 1) for i, g in enumerate(grads))
-
+    Plain = fanout(n, backward)
     assert Plain.boxed_grads_call is False
-    _spy(Plain._backward_cls, "apply_boxed", calls)
+    record_calls(Plain._backward_cls, "apply_boxed", calls)
     x = make_tensor(shape, dtype, seed, requires_grad=True)
     sum(o.sum() for o in Plain.apply(x)).backward()
     assert calls == []

@@ -14,24 +14,13 @@ from torch.autograd import Function
 from torch.autograd.function import FunctionCtx
 
 try:
-    from ._helpers import float_dtypes, make_tensor, seeds, tensor_specs
+    from ._helpers import float_dtypes, linear_map, make_tensor, record_calls, seeds, tensor_specs
 except ImportError:
-    from _helpers import float_dtypes, make_tensor, seeds, tensor_specs
+    from _helpers import float_dtypes, linear_map, make_tensor, record_calls, seeds, tensor_specs
 
 # torch's first use of forward AD loads jit decompositions, which warns that
 # torch.jit.script is deprecated; that is not part of the contract under test.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
-
-
-def _spy(cls, name, calls):
-    """Replace ``cls.<name>`` by a wrapper that records its calls."""
-    original = getattr(cls, name)
-
-    def wrapper(self, *args):
-        calls.append((name, args))
-        return original(self, *args)
-
-    setattr(cls, name, wrapper)
 
 
 class ExpMul(Function):
@@ -78,7 +67,7 @@ def test_apply_jvp_is_called_during_the_forward_under_forward_mode_ad(spec):
             calls.append(("backward", ()))
             return g * 2
 
-    _spy(Spied._backward_cls, "apply_jvp", calls)
+    record_calls(Spied._backward_cls, "apply_jvp", calls)
     x = make_tensor(shape, dtype, seed, requires_grad=True)
     t = make_tensor(shape, dtype, seed + 1)
 
@@ -183,20 +172,8 @@ def test_each_jvp_argument_is_the_tangent_of_its_input_and_each_return_value_the
     n_in, n_out, dtype, seed
 ):
     """Each argument is the gradient w.r.t the given input, and each returned value should be the gradient w.r.t. the corresponding output."""
-    # out_j = sum_i c[j][i] * x_i, with distinct coefficients.
-    c = [[float(1 + j * n_in + i) for i in range(n_in)] for j in range(n_out)]
     seen = {}
-
-    class Linear(Function):
-        @staticmethod
-        def forward(ctx, *xs):
-            return tuple(sum(c[j][i] * xs[i] for i in range(n_in)) for j in range(n_out))
-
-        @staticmethod
-        def jvp(ctx, *ts):
-            seen["tangents"] = ts
-            return tuple(sum(c[j][i] * ts[i] for i in range(n_in)) for j in range(n_out))
-
+    Linear, c = linear_map(n_in, n_out, seen)
     xs = [make_tensor((2,), dtype, seed + i) for i in range(n_in)]
     ts = [make_tensor((2,), dtype, seed + 10 + i) for i in range(n_in)]
     with fwAD.dual_level():

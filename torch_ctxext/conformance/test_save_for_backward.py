@@ -16,24 +16,12 @@ from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
 try:
-    from ._helpers import as_on_cpu, make_tensor, node_named, tensor_specs
+    from ._helpers import Exp, Mul, as_on_cpu, make_tensor, node_named, tensor_specs
 except ImportError:
-    from _helpers import as_on_cpu, make_tensor, node_named, tensor_specs
+    from _helpers import Exp, Mul, as_on_cpu, make_tensor, node_named, tensor_specs
 
 
 # --- Functions shared by several tests ------------------------------------
-
-
-class MulSavedInForward(Function):
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w)
-        return x * w
-
-    @staticmethod
-    def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        return g * w, g * x
 
 
 class MulSavedInSetupContext(Function):
@@ -50,19 +38,6 @@ class MulSavedInSetupContext(Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         return g * w, g * x
-
-
-class ExpSaved(Function):
-    @staticmethod
-    def forward(ctx, x):
-        result = x.exp()
-        ctx.save_for_backward(result)
-        return result
-
-    @staticmethod
-    def backward(ctx, g):
-        (result,) = ctx.saved_tensors
-        return g * result
 
 
 class ExpOnCtx(Function):
@@ -146,7 +121,7 @@ def test_docstring_example_save_for_backward_func():
 # --- One test per documented behaviour ------------------------------------
 
 
-@pytest.mark.parametrize("fn", [MulSavedInForward, MulSavedInSetupContext], ids=["forward", "setup_context"])
+@pytest.mark.parametrize("fn", [Mul, MulSavedInSetupContext], ids=["forward", "setup_context"])
 @settings(deadline=None)
 @given(spec=tensor_specs())
 def test_save_for_backward_works_from_forward_or_setup_context(fn, spec):
@@ -214,17 +189,8 @@ def test_saved_tensors_gives_back_the_saved_tensors_in_backward(spec, n):
 def test_save_for_backward_refuses_tensors_modified_in_place():
     """Before returning them to the user, a check is made to ensure they weren't used in any in-place operation that modified their content."""
 
-    class E(Function):
-        @staticmethod
-        def forward(ctx, x):
-            r = x.exp()
-            ctx.save_for_backward(r)
-            return r
-
-        @staticmethod
-        def backward(ctx, g):
-            (r,) = ctx.saved_tensors
-            return g * r
+    class E(Exp):
+        """Exp, named as in the message below."""
 
     x = torch.ones(3, requires_grad=True)
     y = E.apply(x)
@@ -283,7 +249,7 @@ def test_saving_on_ctx_directly_instead_gives_incorrect_gradients_after_in_place
     torch.testing.assert_close(x.grad, 2 * correct)
 
     x.grad = None
-    y = ExpSaved.apply(x)
+    y = Exp.apply(x)
     y.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
@@ -295,7 +261,7 @@ def test_saving_an_output_on_ctx_directly_leaks_it_and_save_for_backward_does_no
     gc.disable()
     try:
         x = torch.randn(3, requires_grad=True)
-        y = ExpSaved.apply(x)
+        y = Exp.apply(x)
         saved_ref = weakref.ref(y)
         del y
         assert saved_ref() is None, "an output saved with save_for_backward must die with its graph"

@@ -34,6 +34,19 @@ def _fanout(materialize, where="forward"):
         if materialize is not DEFAULT:
             ctx.set_materialize_grads(materialize)
 
+    def scaled_backward(ctx, *grads):
+        seen["grads"] = grads
+        return tuple(None if g is None else g * (i + 1) for i, g in enumerate(grads))
+
+    def scaled_jvp(ctx, *tangents):
+        seen["tangents"] = tangents
+        # Returning None for a differentiable output trips an internal
+        # assert in torch (see test_apply_jvp.py), so send zeros.
+        return tuple(
+            torch.zeros(shape, dtype=dtype) if t is None else t * (i + 1)
+            for i, (t, (shape, dtype)) in enumerate(zip(tangents, ctx.meta))
+        )
+
     if where == "forward":
 
         class Fanout(Function):
@@ -42,20 +55,8 @@ def _fanout(materialize, where="forward"):
                 configure(ctx, xs)
                 return tuple(x * (i + 1) for i, x in enumerate(xs))
 
-            @staticmethod
-            def backward(ctx, *grads):
-                seen["grads"] = grads
-                return tuple(None if g is None else g * (i + 1) for i, g in enumerate(grads))
-
-            @staticmethod
-            def jvp(ctx, *tangents):
-                seen["tangents"] = tangents
-                # Returning None for a differentiable output trips an internal
-                # assert in torch (see test_apply_jvp.py), so send zeros.
-                return tuple(
-                    torch.zeros(shape, dtype=dtype) if t is None else t * (i + 1)
-                    for i, (t, (shape, dtype)) in enumerate(zip(tangents, ctx.meta))
-                )
+            backward = staticmethod(scaled_backward)
+            jvp = staticmethod(scaled_jvp)
 
     else:
 
@@ -68,20 +69,8 @@ def _fanout(materialize, where="forward"):
             def setup_context(ctx, inputs, output):
                 configure(ctx, inputs)
 
-            @staticmethod
-            def backward(ctx, *grads):
-                seen["grads"] = grads
-                return tuple(None if g is None else g * (i + 1) for i, g in enumerate(grads))
-
-            @staticmethod
-            def jvp(ctx, *tangents):
-                seen["tangents"] = tangents
-                # Returning None for a differentiable output trips an internal
-                # assert in torch (see test_apply_jvp.py), so send zeros.
-                return tuple(
-                    torch.zeros(shape, dtype=dtype) if t is None else t * (i + 1)
-                    for i, (t, (shape, dtype)) in enumerate(zip(tangents, ctx.meta))
-                )
+            backward = staticmethod(scaled_backward)
+            jvp = staticmethod(scaled_jvp)
 
     return Fanout, seen
 
