@@ -19,7 +19,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 import torch_ctxext
 from torch_ctxext._ext import loader as _extension
