@@ -255,7 +255,7 @@ def test_what_torch_compile_traces(case, results):
         if NATIVE_GRAD_DTYPE:
             assert list(fused["unimplemented"]) == ["Observed exception"], fused
         else:
-            assert fused["graph_break"] and not fused["unimplemented"], fused
+            assert fused["graph_break"] and "Observed exception" not in fused["unimplemented"], fused
         torch.testing.assert_close(fused["grads"], eager["grads"], atol=0.05, rtol=0.05)
 
 
