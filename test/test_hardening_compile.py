@@ -1,10 +1,12 @@
 """Hardening 6: the ctx contract under torch.compile and compiled autograd.
 
-What happens (measured on torch 2.13 + torch_ctxext and native torch 2.15; see
-docs/reliability.md):
+What happens (measured on torch 2.13 + torch_ctxext and native torch 2.15;
+2.14 has torch's own set_output_grad_dtype and torch_ctxext's
+input_grad_buffers; see docs/reliability.md):
 
-* Dynamo does not trace ``ctx.set_output_grad_dtype`` (2.15: AttributeError
-  on its stand-in FunctionCtx; backport: the call cannot be traced):
+* Dynamo does not trace ``ctx.set_output_grad_dtype`` (torch's own, 2.14 on:
+  an AttributeError on its stand-in FunctionCtx, which lacks the
+  ``output_grad_dtypes`` the method reads; backport: the call cannot be traced):
   ``fullgraph=True`` raises ``Unsupported``; otherwise the graph breaks at the
   Function, which runs eagerly with the declared dtype. The gradients equal
   eager's.
@@ -178,8 +180,9 @@ def test_declared_grad_dtype_is_not_traced_fullgraph_raises_unsupported():
     model = HalfGradModel()
     with pytest.raises(torch._dynamo.exc.Unsupported) as info:
         gradients(model, torch.compile(model, backend="aot_eager", fullgraph=True))
-    # The reason depends on how far Dynamo gets ("Observed exception" on 2.15,
-    # a skipped C function on the backport): it is a clean Unsupported either way.
+    # The reason depends on how far Dynamo gets ("Observed exception" where
+    # torch provides the method, 2.14 on; a skipped C function on the
+    # backport): it is a clean Unsupported either way.
     assert "INTERNAL ASSERT" not in str(info.value)
 
 
