@@ -1,10 +1,12 @@
 """Hardening 6: the ctx contract under torch.compile and compiled autograd.
 
-What happens (measured on torch 2.13 + torch_ctxext and native torch 2.15; see
-docs/reliability.md):
+What happens (measured on torch 2.13 + torch_ctxext and native torch 2.15;
+2.14 has torch's own set_output_grad_dtype and torch_ctxext's
+input_grad_buffers; see docs/reliability.md):
 
-* Dynamo does not trace ``ctx.set_output_grad_dtype`` (2.15: AttributeError
-  on its stand-in FunctionCtx; backport: the call cannot be traced):
+* Dynamo does not trace ``ctx.set_output_grad_dtype`` (torch's own, 2.14 on:
+  an AttributeError on its stand-in FunctionCtx, which lacks the
+  ``output_grad_dtypes`` the method reads; backport: the call cannot be traced):
   ``fullgraph=True`` raises ``Unsupported``; otherwise the graph breaks at the
   Function, which runs eagerly with the declared dtype. The gradients equal
   eager's.
@@ -178,8 +180,9 @@ def test_declared_grad_dtype_is_not_traced_fullgraph_raises_unsupported():
     model = HalfGradModel()
     with pytest.raises(torch._dynamo.exc.Unsupported) as info:
         gradients(model, torch.compile(model, backend="aot_eager", fullgraph=True))
-    # The reason depends on how far Dynamo gets ("Observed exception" on 2.15,
-    # a skipped C function on the backport): it is a clean Unsupported either way.
+    # The reason depends on how far Dynamo gets ("Observed exception" where
+    # torch provides the method, 2.14 on; a skipped C function on the
+    # backport): it is a clean Unsupported either way.
     assert "INTERNAL ASSERT" not in str(info.value)
 
 
@@ -227,18 +230,35 @@ def test_input_grad_buffers_under_torch_compile_matches_eager(backend):
     assert_same(eager, compiled)
 
 
+# How Dynamo says it cannot trace a C function (a builtin), by the first
+# release that says it so (SkipFunctionVariable.call_function in
+# torch/_dynamo/variables/functions.py): the wording is Dynamo's and changes
+# with the release; the function's name in it is torch_ctxext's.
+UNTRACEABLE_BUILTIN = (
+    ("2.6", "Graph break due to unsupported builtin"),
+    ("2.7", "Dynamo does not know how to trace the builtin"),
+)
+
+
+def since_release(table):
+    """The entry of a (first release, value) table that holds for the running torch."""
+    return [value for release, value in table if torch.__version__ >= release][-1]
+
+
 def test_what_input_grad_buffers_reads_as_while_dynamo_traces_backward():
-    """It is never all-None while traced: the graph breaks (native: an
-    AttributeError Dynamo handles; backport: the C call Dynamo cannot trace)."""
+    """It is never all-None while traced: Dynamo stops at the read, so
+    ``fullgraph=True`` refuses to compile (without it the frame falls back to
+    eager: the test above). What stops it depends on who provides the
+    property: torch 2.15's raises an AttributeError on Dynamo's stand-in ctx;
+    torch_ctxext's Python getter is inlined up to its call into the C
+    extension (``input_grad_buffers_property``), which Dynamo cannot trace."""
     model = MatmulModel()
+    with pytest.raises(torch._dynamo.exc.Unsupported) as info:
+        gradients(model, torch.compile(model, backend="aot_eager", fullgraph=True))
     if BACKPORT:
-        with pytest.raises(torch._dynamo.exc.Unsupported) as info:
-            gradients(model, torch.compile(model, backend="aot_eager", fullgraph=True))
-        assert "Dynamo does not know how to trace the builtin" in str(info.value)
-        assert "input_grad_buffers" in str(info.value)
+        assert since_release(UNTRACEABLE_BUILTIN) in str(info.value)
+        assert "input_grad_buffers_property" in str(info.value)
     else:
-        with pytest.raises(torch._dynamo.exc.Unsupported) as info:
-            gradients(model, torch.compile(model, backend="aot_eager", fullgraph=True))
         assert "'FunctionCtx' object has no attribute '_input_grad_buffers'" in str(info.value)
 
 
@@ -260,16 +280,25 @@ def test_guarded_read_compiles_with_the_out_of_place_fallback(fullgraph):
 # ------------------------------------------------------- compiled autograd
 
 
+# Which of torch 2.15's refusals a read under compiled autograd gets, by the
+# first release where it gets it: torch 2.6's compiled autograd runs the
+# compiled backward with no graph task of the engine running on the thread
+# (the read is outside backward); from 2.7 it runs inside the engine's task,
+# whose executing node is not this ctx's.
+COMPILED_AUTOGRAD_REFUSAL = (
+    ("2.6", "input_grad_buffers can only be accessed while autograd is executing backward()"),
+    ("2.7", "input_grad_buffers can only be accessed from the currently "
+            "executing autograd.Function backward()"),
+)
+
+
 def test_input_grad_buffers_under_compiled_autograd_raises_a_clear_error():
     model = MatmulModel()
     # Native torch wraps it in InternalTorchDynamoError (a RuntimeError); the
     # backport raises it as it is.
     with pytest.raises(RuntimeError) as info:
         gradients(model, compiled_autograd_backend="aot_eager")
-    assert str(info.value).split("\n")[0].endswith(
-        "input_grad_buffers can only be accessed from the currently "
-        "executing autograd.Function backward()"
-    )
+    assert str(info.value).split("\n")[0].endswith(since_release(COMPILED_AUTOGRAD_REFUSAL))
     # Nothing is left behind: eager backward fuses again.
     assert gradients(model)[2] == [("buffer", True)]
 
