@@ -30,6 +30,7 @@ import torch
 
 import torch_ctxext
 import training_stacks as stacks
+from torch_ctxext import _releases
 
 HARNESS = os.path.abspath(stacks.__file__)
 # Who provides set_output_grad_dtype decides how Dynamo fails to trace it
@@ -217,6 +218,11 @@ def test_engine_exposes_the_buffers_the_table_says(case, results):
             assert fused["reads"] == 2 * stacks.DEPTH * backwards
 
 
+# Releases whose own FSDP2 on the CPU trains nn.Linear otherwise than one
+# process does (measured without torch_ctxext: a torch matter, not a route).
+NATIVE_FSDP2_INEXACT_ON_CPU = {(2, 7), (2, 8)}
+
+
 @by_stack("ddp", "fsdp2")
 def test_data_parallel_ranks_agree_and_match_one_process_on_all_data(case, results):
     first, *others = results
@@ -224,6 +230,13 @@ def test_data_parallel_ranks_agree_and_match_one_process_on_all_data(case, resul
         for name, grad in first["fused"]["grads"].items():
             torch.testing.assert_close(other["fused"]["grads"][name], grad)
     # The reference itself is right: the mean over ranks, summed over micro-batches.
+    if case.stack == "fsdp2" and _releases.release(torch.__version__) in NATIVE_FSDP2_INEXACT_ON_CPU:
+        pytest.xfail(
+            f"torch {torch.__version__}'s FSDP2 on the CPU (gloo) does not reproduce one process's "
+            "training, nn.Linear alone and without torch_ctxext imported (max gradient difference "
+            "0.59; torch 2.9 on: 9e-8); the fused model equals that reference (checked above and by "
+            "test_fused_model_trains_exactly_as_the_model_without_fusion)"
+        )
     local = first["local"]
     for kind in ("grads", "params"):
         for name, value in first[case.reference][kind].items():
