@@ -29,6 +29,7 @@ from test_build_lock import ANNOUNCE, FEATURES, KILL_THE_BUILD, NEEDS_EXTENSION,
 # helper the importing process writes the ninja file with.
 WITHOUT_HELPERS = "import torch.utils.cpp_extension as c; del c._write_ninja_file_to_build_library\n"
 FALLBACK = "building with torch.utils.cpp_extension.load in a child process"
+BUILD_FORCE = "import sys; from torch_ctxext.__main__ import main; sys.exit(main(['build', '--force']))"
 PATHS = pytest.mark.parametrize("helpers", ["ninja file written here", "load() in a child"])
 
 
@@ -59,6 +60,7 @@ def test_the_ninja_file_and_command_are_the_ones_load_uses(tmp_path, monkeypatch
     ldflags = _sources.extra_link_args()
     ours, theirs = tmp_path / "ours", tmp_path / "load"
     ours.mkdir()
+    theirs.mkdir()  # as the build's private directory is
     arguments = _build._write_ninja_file(str(ours), units, cflags, ldflags)
 
     # load() as the fallback calls it, stopped short of running ninja and importing.
@@ -110,6 +112,18 @@ def test_without_the_helpers_the_build_runs_load_in_a_child_and_provides_the_mem
     assert ANNOUNCE not in later.stderr
     assert set(unavailable(later).values()) == {"torch_ctxext"}
 
+    # `build --force` in a process that loaded that build, from the path the
+    # new one takes: a new build that does not load is still seen not to
+    # (the loader must not answer with the loaded one), and the previous
+    # build is put back.
+    forced = run(BUILD_FORCE, TORCH_CTXEXT_CACHE=cache, CXX=_unloadable_compiler(tmp_path))
+    assert forced.returncode == 1, forced.stdout + forced.stderr
+    assert "the new build does not load:" in forced.stderr
+    assert "undefined symbol: torch_ctxext_nowhere" in forced.stderr
+    after = run(FEATURES, TORCH_CTXEXT_CACHE=cache)
+    assert ANNOUNCE not in after.stderr
+    assert set(unavailable(after).values()) == {"torch_ctxext"}
+
 
 @NEEDS_EXTENSION
 def test_the_first_path_writes_the_ninja_file_itself(tmp_path):
@@ -152,7 +166,7 @@ UNLOADABLE = r"""#!/bin/sh
 out=; prev=; compiling=
 for a in "$@"; do [ "$a" = -c ] && compiling=1; [ "$prev" = -o ] && out=$a; prev=$a; done
 if [ -n "$compiling" ]; then
-  echo 'int torch_ctxext_empty_unit;' | cc -x c -fPIC -c - -o "$out" && echo "$out:" > "$out.d"; exit $?
+  : | cc -x c -fPIC -c - -o "$out" && echo "$out:" > "$out.d"; exit $?
 fi
 if [ -n "$out" ]; then
   echo 'extern void torch_ctxext_nowhere(void); void (*torch_ctxext_use)(void) = torch_ctxext_nowhere;' |
@@ -162,14 +176,38 @@ exec c++ "$@"
 """
 
 
+def _unloadable_compiler(directory):
+    path = directory / "unloadable-c++"
+    path.write_text(UNLOADABLE)
+    path.chmod(0o755)
+    return path
+
+
 @NEEDS_EXTENSION
 def test_a_library_that_links_but_does_not_load_is_neither_published_nor_remembered(tmp_path):
-    cache, unloadable = tmp_path / "cache", tmp_path / "unloadable-c++"
-    unloadable.write_text(UNLOADABLE)
-    unloadable.chmod(0o755)
-    result = run(FEATURES, TORCH_CTXEXT_CACHE=cache, CXX=unloadable)
+    cache = tmp_path / "cache"
+    result = run(FEATURES, TORCH_CTXEXT_CACHE=cache, CXX=_unloadable_compiler(tmp_path))
     reason = next(iter(unavailable(result).values()))
     assert "undefined symbol: torch_ctxext_nowhere" in reason
     assert "so it is not recorded: the next import builds again" in reason
     assert not glob.glob(str(cache / "builds" / "torch-*" / "_C.so"))
     assert not glob.glob(str(cache / "builds" / "*.failed"))
+
+
+@NEEDS_EXTENSION
+def test_a_build_without_its_record_is_not_loaded_and_the_next_import_builds_again(tmp_path):
+    """The record is written last, once the library loaded: a build directory
+    without it (the builder killed just after renaming it into place) is
+    remains, not a build."""
+    cache = tmp_path / "cache"
+    assert run("import torch_ctxext", TORCH_CTXEXT_CACHE=cache, CXX="/nonexistent/c++").returncode == 0
+    (lock,) = glob.glob(str(cache / "builds" / "*.lock"))
+    remains = lock[: -len(".lock")]
+    os.makedirs(remains)
+    with open(os.path.join(remains, "_C.so"), "wb") as f:
+        f.write(b"not a library")
+    without_jit = run("import torch_ctxext", TORCH_CTXEXT_CACHE=cache, TORCH_CTXEXT_JIT="0")
+    assert "ImportError: torch_ctxext's C++ extension has not been built for torch" in without_jit.stderr
+    result = run(FEATURES, TORCH_CTXEXT_CACHE=cache, CXX=failing(tmp_path))
+    assert result.stderr.count(ANNOUNCE) == 1
+    assert "failing-c++: error: this compiler always fails" in next(iter(unavailable(result).values()))

@@ -644,7 +644,7 @@ def _publish(partial, final, record, log):
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     os.chmod(partial, 0o755)  # mkdtemp's 0700 would hide it from a shared cache's other users
     old = None
-    if os.path.isdir(final):  # --force over an existing build
+    if os.path.isdir(final):  # --force over an existing build, or the remains of one killed before its record
         old = tempfile.mkdtemp(prefix=os.path.basename(final) + ".old-", dir=os.path.dirname(final))
         os.rename(final, os.path.join(old, "build"))
     os.rename(partial, final)
