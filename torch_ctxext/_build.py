@@ -32,6 +32,7 @@ import datetime
 import fcntl
 import inspect
 import json
+import logging
 import os
 import re
 import shlex
@@ -501,6 +502,24 @@ def _write_ninja_file(directory, sources, cflags, ldflags):
     return ["-v"] + (["-j", str(workers)] if workers is not None else [])
 
 
+@contextlib.contextmanager
+def _said_into(log):
+    """What torch.utils.cpp_extension says while it is imported and its
+    helpers run (e.g. "No CUDA runtime is found" on a CUDA build of torch
+    without a GPU: printed, or logged from 2.7) goes to the build log, as it
+    did when a child process imported it, not to the importer's terminal."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    with open(log, "a") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        handler, propagate = logging.StreamHandler(out), logger.propagate
+        logger.addHandler(handler)
+        logger.propagate = False
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.propagate = propagate
+
+
 def _dies_with_parent():
     """For Popen's preexec_fn: the build's process is killed with the
     importing process, and does not start if that is already gone. None
@@ -536,7 +555,9 @@ def _compile(partial, csrc, log):
         env["PATH"] = os.path.dirname(ninja) + os.pathsep + env.get("PATH", "")
     env.pop("NINJA_STATUS", None)  # its default "[finished/total] " is what we parse
     try:
-        command = [ninja or "ninja"] + _write_ninja_file(partial, sources, cflags, ldflags)
+        with _said_into(log):
+            arguments = _write_ninja_file(partial, sources, cflags, ldflags)
+        command = [ninja or "ninja"] + arguments
         shown, in_process = command, True
     except Exception as e:  # a torch whose private helpers differ: load() knows its own
         with open(log, "a") as out:
