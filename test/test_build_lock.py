@@ -249,12 +249,15 @@ def test_a_compiler_killed_by_a_signal_is_not_remembered_and_the_next_import_bui
     assert again.stderr.count(ANNOUNCE) == 1
 
 
-# Kill the build's process (the child running torch.utils.cpp_extension.load),
-# the nearest ancestor whose command line says so; never compile.
+# Kill the build's process, the importing process's child (ninja, or the
+# child running torch.utils.cpp_extension.load): the ancestor whose
+# grandparent is this test process ($TEST_PROCESS); never compile.
 KILL_THE_BUILD = (
     "p=$$; while [ \"$p\" -gt 1 ]; do "
-    "if grep -q cpp_extension /proc/$p/cmdline 2>/dev/null; then kill -9 $p; break; fi; "
-    "p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2); done; exit 1"
+    "parent=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2); "
+    "grandparent=$(sed 's/.*) //' /proc/$parent/stat 2>/dev/null | cut -d' ' -f2); "
+    "if [ \"$grandparent\" = \"$TEST_PROCESS\" ]; then kill -9 $p; break; fi; "
+    "p=$parent; done; exit 1"
 )
 
 
@@ -262,7 +265,7 @@ KILL_THE_BUILD = (
 def test_a_build_process_killed_by_a_signal_is_not_remembered(tmp_path):
     """The build's own process killed (SIGKILL: the out-of-memory killer
     picks the biggest): not remembered either."""
-    env = {"TORCH_CTXEXT_CACHE": tmp_path / "cache",
+    env = {"TORCH_CTXEXT_CACHE": tmp_path / "cache", "TEST_PROCESS": os.getpid(),
            "CXX": compiler(tmp_path, "build-killing-c++", KILL_THE_BUILD)}
     first = run(FEATURES, **env)
     reason = next(iter(unavailable(first).values()))

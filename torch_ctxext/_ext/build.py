@@ -3,15 +3,19 @@
 The extension reads autograd-engine structures by layout, so it must be
 compiled against the very torch that runs. When the installed package carries
 no build for it (installed from source, or torch was upgraded since), the
-first import builds one with ``torch.utils.cpp_extension.load`` and ninja into
-the build cache (``build_cache``: where builds live, how they are named), and
-later imports load it from there.
+first import builds one into the build cache (``build_cache``: where builds
+live, how they are named), and later imports load it from there. It is built
+as ``torch.utils.cpp_extension.load`` builds: the importing process writes the
+ninja file with cpp_extension's own helpers (the flags of the running torch
+release) and runs ninja; where this torch's helpers are not as expected, it
+runs ``load`` itself in a child process.
 
 Several processes importing at once (the ranks of a job) build once: the
 first takes a file lock and builds, the others wait for it and load. A build
-is compiled in a private directory and published by renaming that directory,
-so a build killed half-way leaves nothing a later import would load (the next
-builder removes the remains). A build that failed with a compile error is
+is compiled in a private directory, renamed into place, loaded (dlopen) to
+see that it loads, and published by writing its record last, so a build
+killed half-way, or one that does not load, leaves nothing a later import
+would load (the next builder removes the remains). A build that failed with a compile error is
 recorded, so that waiting processes and later imports report it at once
 instead of compiling again; ``python -m torch_ctxext build --force`` tries
 again. A failure that may not recur (the compiler or the build killed by a
@@ -26,7 +30,9 @@ host), so that a waiter says at once when the holder is stopped or gone.
 import contextlib
 import datetime
 import fcntl
+import inspect
 import json
+import logging
 import os
 import re
 import shlex
@@ -166,13 +172,29 @@ def missing_tools():
 # Building
 # --------------------------------------------------------------------------
 
-# Run in a child process: its output (ninja's, the compiler's) goes to the
-# log, and a failure cannot leave half-initialised state in the importer.
+# How a build runs: ninja, in a child process whose output (ninja's, the
+# compiler's) goes to the log, and which dies with the importing process (a
+# killed rank must not leave a compile behind).
+#
+# The ninja file is the one torch.utils.cpp_extension.load would write: the
+# importing process, which has torch imported already, writes it with the
+# helpers load() writes it with (_write_ninja_file_to_build_library and
+# _prepare_ldflags: the include paths, the ABI and pybind11 defines, -fPIC,
+# the C++ standard, the libraries of the running release), then runs ninja
+# as load() does. That saves a child process importing torch again to call
+# load(): 1-2 s of a 20 s first import. The helpers are private and their
+# parameters change between releases (extra_sycl_cflags and with_sycl came in
+# 2.7), so they are called by parameter name, and where they are missing or
+# want a parameter load() would not give them, the build runs load() itself
+# in a child process (_CHILD), as before.
+_CPP_EXTENSION_HELPERS = ("_prepare_ldflags", "_write_ninja_file_to_build_library", "_get_num_workers")
+
+# The fallback: load() in a child process (it imports torch again).
 _CHILD = r"""
 import ctypes, json, os, signal, sys
 spec = json.loads(sys.argv[1])
 try:  # die with the importing process (a killed rank must not leave a compile behind)
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 except Exception:
     pass
 if os.getppid() != spec["parent"]:
@@ -445,29 +467,123 @@ def _locked(path, on_wait, timeout):
         os.close(fd)
 
 
-def _compile(partial, csrc, log):
-    """Compile into ``partial`` with torch.utils.cpp_extension in a child
-    process, showing ninja's progress; raise ExtensionBuildError on failure."""
-    spec = {
-        "parent": os.getpid(),
-        "sources": sources.write_units(csrc, partial, torch.__version__),
-        "cflags": sources.jit_cflags(torch.__version__, torch.version.git_version),
-        "ldflags": sources.extra_link_args(),
-        "directory": partial,
+def _call_by_name(function, arguments):
+    """``function`` called with those of ``arguments`` it takes; TypeError if
+    it takes one without a default that ``arguments`` lacks."""
+    parameters = inspect.signature(function).parameters.values()
+    named = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    lacking = [p.name for p in named if p.name not in arguments and p.default is p.empty]
+    if lacking or any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        raise TypeError(f"{function.__name__} takes {', '.join(lacking) or '*args'}, which load() does not give it")
+    return function(**{p.name: arguments[p.name] for p in named if p.name in arguments})
+
+
+def _write_ninja_file(directory, units, cflags, ldflags):
+    """Write ``directory``/build.ninja as ``torch.utils.cpp_extension.load(
+    name="_C", sources=units, extra_cflags=cflags, extra_ldflags=ldflags)`` would for
+    the running torch, and return the arguments of ninja load() would run it
+    with. Raises (AttributeError, TypeError, ...) where this torch's
+    cpp_extension does not have the helpers load() uses as expected."""
+    from torch.utils import cpp_extension  # here: a build needs it, an import from the cache does not
+
+    helpers = {name: getattr(cpp_extension, name) for name in _CPP_EXTENSION_HELPERS}
+    # What load() hands them for C++ sources (no CUDA, no SYCL) and a Python module.
+    arguments = {
+        "path": os.path.join(directory, "build.ninja"), "name": "_C", "sources": list(units),
+        "extra_cflags": list(cflags), "extra_cuda_cflags": [], "extra_sycl_cflags": [],
+        "extra_ldflags": list(ldflags), "extra_include_paths": [],
+        "with_cuda": False, "with_sycl": False, "is_standalone": False, "verbose": False,
     }
+    arguments["extra_ldflags"] = _call_by_name(helpers["_prepare_ldflags"], arguments)
+    _call_by_name(helpers["_write_ninja_file_to_build_library"], arguments)
+    if not os.path.isfile(arguments["path"]):
+        raise FileNotFoundError(f"{helpers['_write_ninja_file_to_build_library'].__name__} wrote no {arguments['path']}")
+    workers = _call_by_name(helpers["_get_num_workers"], arguments)  # $MAX_JOBS
+    return ["-v"] + (["-j", str(workers)] if workers is not None else [])
+
+
+@contextlib.contextmanager
+def _said_into(log):
+    """What torch.utils.cpp_extension says while it is imported and its
+    helpers run (e.g. "No CUDA runtime is found" on a CUDA build of torch
+    without a GPU: printed, or logged from 2.7) goes to the build log, as it
+    did when a child process imported it, not to the importer's terminal."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    with open(log, "a") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        handler, propagate = logging.StreamHandler(out), logger.propagate
+        logger.addHandler(handler)
+        logger.propagate = False
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.propagate = propagate
+
+
+def _dies_with_parent():
+    """For Popen's preexec_fn: the build's process is killed with the
+    importing process, and does not start if that is already gone. None
+    where prctl is not to be had (not Linux)."""
+    import ctypes  # torch has imported it
+
+    try:
+        prctl = ctypes.CDLL(None).prctl  # looked up before the fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_parent_death_signal():
+        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return set_parent_death_signal
+
+
+def _compile(partial, csrc, log):
+    """Compile into ``partial`` as torch.utils.cpp_extension.load does:
+    ninja in a child process, with the ninja file written here (or load()
+    itself in a child process, where this torch's helpers are not as
+    expected), showing ninja's progress; raise ExtensionBuildError on
+    failure. Whether the library loads is _publish's to see."""
+    units = sources.write_units(csrc, partial, torch.__version__)
+    cflags = sources.jit_cflags(torch.__version__, torch.version.git_version)
+    ldflags = sources.extra_link_args()
     env = dict(os.environ)
     ninja = _find_ninja()
     if ninja:
         env["PATH"] = os.path.dirname(ninja) + os.pathsep + env.get("PATH", "")
     env.pop("NINJA_STATUS", None)  # its default "[finished/total] " is what we parse
+    try:
+        with _said_into(log):
+            arguments = _write_ninja_file(partial, units, cflags, ldflags)
+        command = [ninja or "ninja"] + arguments
+        shown, in_process = command, True
+    except Exception as e:  # a torch whose private helpers differ: load() knows its own
+        with open(log, "a") as out:
+            out.write(
+                f"torch.utils.cpp_extension's ninja-file helpers are not as expected here ({type(e).__name__}: {e}); "
+                "building with torch.utils.cpp_extension.load in a child process\n"
+            )
+        spec = {"parent": os.getpid(), "sources": units, "cflags": cflags, "ldflags": ldflags, "directory": partial}
+        command = [sys.executable, "-c", _CHILD, json.dumps(spec)]
+        shown = [sys.executable, "-c", "<torch.utils.cpp_extension.load>", json.dumps(spec)]
+        in_process = False
+    code = _run_build(command, shown, partial, env, log, _dies_with_parent() if in_process else None)
+    if code != 0 or not os.path.isfile(os.path.join(partial, LIBRARY)):
+        raise _compile_failure(code, log)
+
+
+def _run_build(command, shown, partial, env, log, preexec_fn):
+    """Run the build's ``command`` in ``partial``, its output to the log and
+    its ninja steps to the progress display; return its exit status."""
     progress = _Progress()
     with open(log, "a") as out:
-        out.write("$ " + shlex.join([sys.executable, "-c", "<torch.utils.cpp_extension.load>", json.dumps(spec)]) + "\n\n")
+        out.write("$ " + shlex.join(shown) + "\n\n")
         out.flush()
         child = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, json.dumps(spec)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=partial, env=env, text=True, errors="replace", bufsize=1,
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=partial, env=env, text=True, errors="replace", bufsize=1, preexec_fn=preexec_fn,
         )
         try:
             for line in child.stdout:
@@ -476,15 +592,13 @@ def _compile(partial, csrc, log):
                 step = _STEP.match(line)
                 if step:
                     progress.step(int(step.group(1)), int(step.group(2)), step.group(3))
-            code = child.wait()
+            return child.wait()
         except BaseException:
             child.kill()
             child.wait()
             raise
         finally:
             progress.close()
-    if code != 0 or not os.path.isfile(os.path.join(partial, LIBRARY)):
-        raise _compile_failure(code, log)
 
 
 def _now():
@@ -514,23 +628,65 @@ def _check_can_build(root, key, csrc, reason):
     return log
 
 
-def _publish(partial, final, record):
-    """Make the complete build in ``partial`` visible as ``final`` at once."""
+def _load_problem(library):
+    """None if ``library`` loads with every symbol resolved, as its import
+    will; else what the loader said (a symbol torch does not export). Opened
+    with dlopen in this process (a process of its own would import torch
+    again: a second or more), not imported: the import runs its module
+    initialisation, which claims the engine hooks (the importing process
+    imports it next, and the loader hands it the library opened here).
+    Opened at the path it is imported from, which the library names itself
+    by (csrc/module.cpp, this_library_path)."""
+    import ctypes  # torch has imported it
+
+    path = library
+    try:  # `build --force` in a process that imported the previous build from this path:
+        ctypes.CDLL(library, mode=os.RTLD_NOW | os.RTLD_NOLOAD)
+        path = os.path.join(os.path.dirname(library), ".", os.path.basename(library))  # the loader would answer with that one
+    except OSError:
+        pass
+    try:
+        ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as e:
+        return str(e)
+    return None
+
+
+def _publish(partial, final, record, log):
+    """Make the complete build in ``partial`` visible as ``final``: renamed
+    there (replacing a previous build, or the remains of one killed before
+    its record), loaded to see that it loads, then its record written, which
+    publishes it (build_cache.published). A build that does not load is
+    removed (the previous one, if any, put back) and its failure, which may
+    not recur, raised."""
     for name in os.listdir(partial):  # keep the library and the ninja file
         if name not in (LIBRARY, "build.ninja"):
             path = os.path.join(partial, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    with open(os.path.join(partial, RECORD), "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
     os.chmod(partial, 0o755)  # mkdtemp's 0700 would hide it from a shared cache's other users
     old = None
-    if os.path.isdir(final):  # --force over an existing build
+    if os.path.isdir(final):  # --force over an existing build, or the remains of one killed before its record
         old = tempfile.mkdtemp(prefix=os.path.basename(final) + ".old-", dir=os.path.dirname(final))
         os.rename(final, os.path.join(old, "build"))
     os.rename(partial, final)
+    problem = _load_problem(os.path.join(final, LIBRARY))
+    with open(log, "a") as f:
+        f.write(f"error: the new build does not load: {problem}\n" if problem else "torch_ctxext: the new build loads\n")
+    if problem:
+        shutil.rmtree(final, ignore_errors=True)
+        if old:
+            os.rename(os.path.join(old, "build"), final)
+    else:
+        with open(os.path.join(final, RECORD + ".tmp"), "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+        os.replace(os.path.join(final, RECORD + ".tmp"), os.path.join(final, RECORD))
     if old:  # processes that loaded it keep their mapping
         shutil.rmtree(old, ignore_errors=True)
+    if problem:
+        raise _failure(f"the new build does not load: {problem}", log, note=(
+            "This failure may not recur, so it is not recorded: the next import builds again."
+        ))
 
 
 def build(reason, force=False):
@@ -569,7 +725,7 @@ def _build(reason, force):
     key = build_cache.build_key(csrc)
     final = os.path.join(root, key)
     library = os.path.join(final, LIBRARY)
-    if os.path.isfile(library) and not force:
+    if build_cache.published(final) and not force:
         return library, False
     log = _check_can_build(root, key, csrc, reason)
     lock = os.path.join(root, key + ".lock")
@@ -603,7 +759,7 @@ def _build(reason, force):
 def _build_holding_the_lock(reason, force, csrc, root, key, log, failed):
     final = os.path.join(root, key)
     library = os.path.join(final, LIBRARY)
-    if os.path.isfile(library) and not force:
+    if build_cache.published(final) and not force:
         return library, False  # built by the process we waited for
     if os.path.isfile(failed) and not force:
         with open(failed) as f:
@@ -640,7 +796,7 @@ def _build_holding_the_lock(reason, force, csrc, root, key, log, failed):
         "built_at": _now(),
         "seconds": round(seconds, 1),
         "log": log,
-    })
+    }, log)
     with contextlib.suppress(FileNotFoundError):
         os.remove(failed)
     _say(f"built in {seconds:.0f} s: {library}")

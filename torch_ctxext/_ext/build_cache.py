@@ -3,6 +3,10 @@
     $TORCH_CTXEXT_CACHE/builds/<key>/_C.so        (default ~/.cache/torch_ctxext)
     $TORCH_CTXEXT_CACHE/builds/<key>/build.json   what it was built for, when, how long
 
+A build is published when its build.json is there: it is written last, once
+the library loaded (``_build``); a directory with a library and no record is
+the remains of a build killed on the way, and nothing loads it.
+
 ``<key>`` names the torch version, its git hash, the Python ABI, the machine
 and a fingerprint of what the build's layouts and code come from: the torch
 headers the extension includes (the structures it reads by layout are
@@ -94,13 +98,19 @@ def build_key(csrc):
     )
 
 
+def published(directory):
+    """Whether ``directory`` holds a published build: its library, and its
+    record, written last."""
+    return os.path.isfile(os.path.join(directory, LIBRARY)) and os.path.isfile(os.path.join(directory, RECORD))
+
+
 def cached_library():
     """Path of the published build for the running torch, or None."""
     csrc = sources.csrc_dir()
     if csrc is None:
         return None
-    path = os.path.join(root(), build_key(csrc), LIBRARY)
-    return path if os.path.isfile(path) else None
+    directory = os.path.join(root(), build_key(csrc))
+    return os.path.join(directory, LIBRARY) if published(directory) else None
 
 
 def record_of(library):
