@@ -30,23 +30,23 @@ _INSTALLERS = (
 _features.check_supported_torch()
 _features.record_native()
 if any(_features.lacks(member) for member, _ in _INSTALLERS):
-    from ._ext import layout_check, loader
+    from ._ext import layout_check as _layout_check, loader as _loader
 
     _missing = [member for member, _ in _INSTALLERS if _features.lacks(member)]
     try:
-        _ext = loader.load()
-    except loader.ExtensionBuildError as error:
+        _C = _loader.load()  # also set by load(): torch_ctxext._C
+    except _loader.ExtensionBuildError as error:
         # No build for this torch, and none could be made here: the rest of
         # the contract still works, and features() says why these do not.
         _features.report_unavailable(_missing, error)
     else:
         # Members whose engine structures do not read back as the headers
         # say are not installed; features() gives the reason.
-        _features.UNAVAILABLE.update(layout_check.unavailable_members(_ext))
+        _features.UNAVAILABLE.update(_layout_check.unavailable_members(_C))
         for _member, _module in _INSTALLERS:
             if _member in _missing and _member not in _features.UNAVAILABLE:
                 # Each installer says what it installed, or why it could not.
-                _installed = importlib.import_module(_module, __name__).install(_ext)
+                _installed = importlib.import_module(_module, __name__).install(_C)
                 _features.record(_installed, _member)
 
 

@@ -32,8 +32,7 @@ def _both_defined():
 
 # apply runs once per backward of every custom Function (non-boxed ones
 # too), so it is written out as torch's own BackwardCFunction.apply is, with
-# no helper call and no getattr default (Function.boxed_grads_call is set at
-# install): the helper and the getattr cost 1% of a small Function's
+# no helper call: the helper cost about 1% of a small Function's
 # forward+backward on torch 2.12 (benchmarks/: the idle cost).
 def apply(self, *args):
     r"""
@@ -49,7 +48,7 @@ def apply(self, *args):
     if backward_fn is not Function.backward and vjp_fn is not Function.vjp:
         raise _both_defined()
     user_fn = vjp_fn if vjp_fn is not Function.vjp else backward_fn
-    if cls.boxed_grads_call:
+    if getattr(cls, "boxed_grads_call", False):  # not on torch.func's generated classes
         return user_fn(self, list(args))
     return user_fn(self, *args)
 
