@@ -27,6 +27,29 @@ def doubling(backward):
     return Doubling
 
 
+def doubling_in_setup_context_style(setup_context, backward=None, vmap_rule=False):
+    """y = 2x in the setup_context style: forward(x), then setup_context runs
+    ``setup_context(ctx)``; backward is ``backward(ctx, g)`` (by default the
+    gradient 2g); ``vmap_rule`` sets generate_vmap_rule (for torch.func.vmap)."""
+
+    class DoublingInSetupContextStyle(Function):
+        generate_vmap_rule = vmap_rule
+
+        @staticmethod
+        def forward(x):
+            return x * 2.0
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            setup_context(ctx)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2.0 if backward is None else backward(ctx, g)
+
+    return DoublingInSetupContextStyle
+
+
 def doubling_with_later_consumer(backward):
     """backward_with_later_consumer(doubling(...)) whose backward is
     ``backward(ctx, g, rec)``, recording into ``rec``: {"rec": rec, "x.grad": ...}."""
@@ -326,20 +349,10 @@ def func_declaring_scale(declaration, record):
     """y = 2x in the setup_context style (generate_vmap_rule, for torch.func)
     that declares ``declaration``; backward records the gradient dtypes it gets."""
 
-    class FuncDeclaringScale(Function):
-        generate_vmap_rule = True
+    def backward(ctx, g):
+        record.setdefault("bwd_dtype", []).append(dtype_name(g))
+        return g * 2.0
 
-        @staticmethod
-        def forward(x):
-            return x * 2.0
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            ctx.set_output_grad_dtype(declaration)
-
-        @staticmethod
-        def backward(ctx, g):
-            record.setdefault("bwd_dtype", []).append(dtype_name(g))
-            return g * 2.0
-
-    return FuncDeclaringScale
+    return doubling_in_setup_context_style(
+        lambda ctx: ctx.set_output_grad_dtype(declaration), backward, vmap_rule=True
+    )

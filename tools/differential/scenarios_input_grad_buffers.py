@@ -16,6 +16,7 @@ from torch.autograd.function import once_differentiable
 
 from sample_functions import (
     doubling,
+    doubling_in_setup_context_style,
     doubling_with_later_consumer,
     fusing_scale,
     producer_returning,
@@ -759,20 +760,11 @@ def multithreaded_backward():
 def func_grad():
     rec = {}
 
-    class F(Function):
-        @staticmethod
-        def forward(x):
-            return x * 2.0
+    def backward(ctx, g):
+        rec["bufs"], rec["err"] = read_buffers(ctx)
+        return g * 2.0
 
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            pass
-
-        @staticmethod
-        def backward(ctx, g):
-            rec["bufs"], rec["err"] = read_buffers(ctx)
-            return g * 2.0
-
+    F = doubling_in_setup_context_style(lambda ctx: None, backward)
     r = outcome_of(
         lambda: tensor_values(torch.func.grad(lambda x: F.apply(x).sum() + (x * 3.0).sum())(torch.tensor([1.0, 2.0])))
     )

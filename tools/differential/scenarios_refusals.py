@@ -15,7 +15,14 @@ from torch.autograd import Function
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 from torch.autograd.variable import Variable
 
-from sample_functions import applied_reader, buffer_reader, doubling, doubling_with_later_consumer, without_ctx
+from sample_functions import (
+    applied_reader,
+    buffer_reader,
+    doubling,
+    doubling_in_setup_context_style,
+    doubling_with_later_consumer,
+    without_ctx,
+)
 from scenario_helpers import (
     Section,
     describe_buffers,
@@ -96,21 +103,11 @@ REFUSALS.table(
 def read_in_setup_context():
     rec = {}
 
-    class S(Function):
-        @staticmethod
-        def forward(x):
-            return x * 2.0
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            rec["read"], rec["err"] = read_buffers(ctx)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2.0
+    def setup_context(ctx):
+        rec["read"], rec["err"] = read_buffers(ctx)
 
     x = leaf([1.0, 2.0])
-    S.apply(x).sum().backward()
+    doubling_in_setup_context_style(setup_context).apply(x).sum().backward()
     return rec
 
 

@@ -19,6 +19,7 @@ from sample_functions import (
     apply_and_backward,
     declaring_function,
     declaring_scale,
+    doubling_in_setup_context_style,
     func_declaring_scale,
 )
 from scenario_helpers import Section, dtype_name, error_of, grad_values, leaf, outcome_of, tensor_values
@@ -202,22 +203,12 @@ def called_twice_uncaught():
 def called_twice_forward_and_setup_context():
     rec = {}
 
-    class F(Function):
-        @staticmethod
-        def forward(x):
-            return x * 2.0
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            ctx.set_output_grad_dtype(None)
-            rec["second"] = outcome_of(lambda: ctx.set_output_grad_dtype(None))
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2.0
+    def setup_context(ctx):
+        ctx.set_output_grad_dtype(None)
+        rec["second"] = outcome_of(lambda: ctx.set_output_grad_dtype(None))
 
     x = leaf([1.0])
-    F.apply(x).sum().backward()
+    doubling_in_setup_context_style(setup_context).apply(x).sum().backward()
     return rec
 
 
@@ -318,23 +309,16 @@ def from_setup_context():
     for k, decl in DECLARATIONS.items():
         rec = {}
 
-        class F(Function):
-            @staticmethod
-            def forward(x):
-                return x * 2.0
+        def setup_context(ctx, decl=decl):
+            if decl != OMIT:
+                ctx.set_output_grad_dtype(decl)
 
-            @staticmethod
-            def setup_context(ctx, inputs, output, decl=decl):
-                if decl != OMIT:
-                    ctx.set_output_grad_dtype(decl)
-
-            @staticmethod
-            def backward(ctx, g, rec=rec):
-                rec["bwd_dtype"] = dtype_name(g)
-                return g.float() * 2.0
+        def backward(ctx, g, rec=rec):
+            rec["bwd_dtype"] = dtype_name(g)
+            return g.float() * 2.0
 
         x = leaf([1.0, 2.0])
-        y = F.apply(x)
+        y = doubling_in_setup_context_style(setup_context, backward).apply(x)
         r = outcome_of(lambda: _one_consumer_float64(y))
         res[k] = {"rec": rec, "backward": r, **grad_values(x=x)}
     return res
