@@ -12,12 +12,15 @@ from scenario_helpers import backward_with_later_consumer, describe_buffers, dty
 from scenario_helpers import leaf, outcome_of, read_buffers, tensor_values
 
 
-def doubling(backward):
-    """y = 2x whose backward is ``backward(ctx, g)`` (it returns the gradient)."""
+def doubling(backward, in_forward=None):
+    """y = 2x whose backward is ``backward(ctx, g)`` (it returns the gradient);
+    given ``in_forward``, forward first runs ``in_forward(ctx)``."""
 
     class Doubling(Function):
         @staticmethod
         def forward(ctx, x):
+            if in_forward is not None:
+                in_forward(ctx)
             return x * 2.0
 
         @staticmethod

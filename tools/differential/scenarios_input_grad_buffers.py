@@ -656,25 +656,16 @@ HOOKS.table(
 
 @FUNCTION_STYLES.scenario
 def once_differentiable_fuse():
-    rec = {}
+    @once_differentiable
+    def backward(ctx, g, rec):
+        b = ctx.input_grad_buffers
+        rec["bufs"] = describe_buffers(b)
+        if b[0] is not None:
+            b[0].add_(g * 2.0)
+            return None
+        return g * 2.0
 
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2.0
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, g):
-            b = ctx.input_grad_buffers
-            rec["bufs"] = describe_buffers(b)
-            if b[0] is not None:
-                b[0].add_(g * 2.0)
-                return None
-            return g * 2.0
-
-    x = backward_with_later_consumer(F)
-    return {"rec": rec, **grad_values(x=x)}
+    return doubling_with_later_consumer(backward)
 
 
 @FUNCTION_STYLES.scenario

@@ -141,20 +141,14 @@ def other_graph_ctx_case(mode=None):
     rec1, x1, y1 = applied_reader()
     rec = {}
 
-    class Rd2(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            rec["own"], rec["own_err"] = read_buffers(ctx)
-            rec["other"], rec["other_err"] = read_buffers(y1.grad_fn)
-            return g * 2.0
+    def backward(ctx, g):
+        rec["own"], rec["own_err"] = read_buffers(ctx)
+        rec["other"], rec["other_err"] = read_buffers(y1.grad_fn)
+        return g * 2.0
 
     x = leaf([1.0, 2.0])
     with torch.autograd.set_detect_anomaly(mode == "anomaly"):
-        y = Rd2.apply(x)
+        y = doubling(backward).apply(x)
         if mode == "posthook":
             y.grad_fn.register_hook(lambda gi, go: None)
         (y.sum() + (x * 3.0).sum()).backward(create_graph=(mode == "create_graph"))
@@ -184,18 +178,12 @@ def direct_grad_fn_apply_inside_backward():
     rec, x, yF = applied_reader()
     rec2 = {}
 
-    class Outer(Function):
-        @staticmethod
-        def forward(ctx, a):
-            return a * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            rec2["inner_apply"] = outcome_of(lambda: tensor_values(yF.grad_fn.apply(torch.ones(2))))
-            return g * 2.0
+    def backward(ctx, g):
+        rec2["inner_apply"] = outcome_of(lambda: tensor_values(yF.grad_fn.apply(torch.ones(2))))
+        return g * 2.0
 
     a = leaf([1.0, 2.0])
-    Outer.apply(a).sum().backward()
+    doubling(backward).apply(a).sum().backward()
     return {"rec": without_ctx(rec), "rec2": rec2}
 
 
@@ -252,18 +240,12 @@ def precedence_forward_read_under_create_graph_backward():
     rec_in = {}
     Inner = buffer_reader(rec_in, "forward")
 
-    class Outer(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            Inner.apply(g)
-            return g * 2.0
+    def backward(ctx, g):
+        Inner.apply(g)
+        return g * 2.0
 
     x = leaf([1.0, 2.0])
-    Outer.apply(x).sum().backward(create_graph=True)
+    doubling(backward).apply(x).sum().backward(create_graph=True)
     return without_ctx(rec_in)
 
 
@@ -359,16 +341,7 @@ def read_from_thread_inside_backward():
 
 @REFUSALS.scenario
 def read_raises_uncaught_in_forward_type():
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.input_grad_buffers
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
+    F = doubling(lambda ctx, g: g, in_forward=lambda ctx: ctx.input_grad_buffers)
     x = leaf([1.0])
     return outcome_of(lambda: F.apply(x))
 

@@ -19,6 +19,7 @@ from sample_functions import (
     apply_and_backward,
     declaring_function,
     declaring_scale,
+    doubling,
     doubling_in_setup_context_style,
     func_declaring_scale,
 )
@@ -161,18 +162,7 @@ DEVIATIONS.table(  # deviation 1 of docs/deviations.md: dtypes of another kind
 
 def _declare_in_forward(calls):
     """y = 2x whose forward runs ``calls(ctx)``."""
-
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            calls(ctx)
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2.0
-
-    return F
+    return doubling(lambda ctx, g: g * 2.0, in_forward=calls)
 
 
 @VALIDATION.scenario
@@ -373,19 +363,12 @@ def declared_dtype_under_no_grad():
 def declare_complex_for_real_return_complex():
     rec = {}
 
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.set_output_grad_dtype(torch.complex64)
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            rec["bwd_dtype"] = dtype_name(g)
-            return g * 2.0
+    def backward(ctx, g):
+        rec["bwd_dtype"] = dtype_name(g)
+        return g * 2.0
 
     x = leaf([1.0, 2.0])
-    y = F.apply(x)
+    y = doubling(backward, in_forward=lambda ctx: ctx.set_output_grad_dtype(torch.complex64)).apply(x)
     r = outcome_of(lambda: y.sum().backward())
     return {"rec": rec, "backward": r, **grad_values(x=x), "x.grad.dtype": dtype_name(x.grad)}
 
@@ -442,23 +425,19 @@ def _declaring_from_backward(rec, declare_in_forward, calls_in_backward):
     ``calls_in_backward`` times (after declaring None in forward, with
     ``declare_in_forward``)."""
 
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            if declare_in_forward:
-                ctx.set_output_grad_dtype(None)
-            return x * 2.0
+    def in_forward(ctx):
+        if declare_in_forward:
+            ctx.set_output_grad_dtype(None)
 
-        @staticmethod
-        def backward(ctx, g):
-            rec["bwd_dtype"] = dtype_name(g)
-            rec["call"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float64))
-            if calls_in_backward > 1:
-                rec["call_again"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float64))
-                return g * 2.0
-            return g.float() * 2.0
+    def backward(ctx, g):
+        rec["bwd_dtype"] = dtype_name(g)
+        rec["call"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float64))
+        if calls_in_backward > 1:
+            rec["call_again"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float64))
+            return g * 2.0
+        return g.float() * 2.0
 
-    return F
+    return doubling(backward, in_forward)
 
 
 @DEVIATIONS.scenario
