@@ -8,8 +8,8 @@ torch 2.15 API is used, so these run on native 2.15 without torch_ctxext.
 import torch
 from torch.autograd import Function
 
-from scenario_helpers import backward_with_later_consumer, describe_buffers, dtype_name, error_of, grad_values
-from scenario_helpers import leaf, outcome_of, read_buffers, tensor_values
+from scenario_helpers import backward_with_later_consumer, describe_buffers, dtype_name, error_of, fuse_into
+from scenario_helpers import grad_values, leaf, outcome_of, read_buffers, tensor_values
 
 
 def doubling(backward, in_forward=None):
@@ -82,10 +82,7 @@ def fusing_scale(scale=2.0, fuse=True, record=None):
                 return g * scale
             record.setdefault("reads", []).append(describe_buffers(buffers))
             record["grad_dtype"] = dtype_name(g)
-            if fuse and buffers[0] is not None:
-                buffers[0].add_(g * scale)
-                return None
-            return g * scale
+            return fuse_into(buffers[0], g * scale) if fuse else g * scale
 
     return FusingScale, record
 

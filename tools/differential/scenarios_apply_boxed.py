@@ -12,7 +12,17 @@ import torch
 from torch.autograd import Function
 
 from sample_functions import DECLARATIONS, OMIT, CastGradTo
-from scenario_helpers import Section, describe_buffers, dtype_name, grad_values, leaf, outcome_of, read_buffers, tensor_values
+from scenario_helpers import (
+    Section,
+    describe_buffers,
+    dtype_name,
+    fuse_into,
+    grad_values,
+    leaf,
+    outcome_of,
+    read_buffers,
+    tensor_values,
+)
 
 INPUT_GRAD_BUFFERS = Section("apply_boxed.input_grad_buffers")
 SET_OUTPUT_GRAD_DTYPE = Section("apply_boxed.set_output_grad_dtype")
@@ -41,11 +51,7 @@ def boxed_grads_call():
             grads.clear()
             b = ctx.input_grad_buffers
             rec["bufs"] = describe_buffers(b)
-            gx, gw = g * 2.0, g * 2.0
-            if b[0] is not None:
-                b[0].add_(gx)
-                gx = None
-            return gx, gw
+            return fuse_into(b[0], g * 2.0), g * 2.0
 
     x = leaf([1.0, 2.0])
     w = leaf([2.0, 2.0])

@@ -30,6 +30,7 @@ from scenario_helpers import (
     describe_buffers,
     dtype_name,
     error_of,
+    fuse_into,
     grad_values,
     leaf,
     outcome_of,
@@ -256,14 +257,7 @@ def same_input_twice():
             bufs = ctx.input_grad_buffers
             rec["bufs"] = describe_buffers(bufs)
             rec["same_obj_0_1"] = bufs[0] is bufs[1]
-            ga, gb = g * 2.0, g * 2.0
-            if bufs[0] is not None:
-                bufs[0].add_(ga)
-                ga = None
-            if bufs[1] is not None:
-                bufs[1].add_(gb)
-                gb = None
-            return ga, gb
+            return fuse_into(bufs[0], g * 2.0), fuse_into(bufs[1], g * 2.0)
 
     x = leaf([1.0, 2.0])
     y = F2.apply(x, x)
@@ -419,10 +413,7 @@ def _fuse_keeping_buffer(held, keep):
     def fuse(ctx, g):
         b = ctx.input_grad_buffers[0]
         held.update(keep(b))
-        if b is not None:
-            b.add_(g * 2.0)
-            return None
-        return g * 2.0
+        return fuse_into(b, g * 2.0)
 
     return doubling(fuse)
 
@@ -525,10 +516,7 @@ def identity_and_double_read():
             rec["entry_same_object"] = t1[0] is t2[0]
             rec["entry_same_storage"] = t1[0].data_ptr() == t2[0].data_ptr()
         b = t1[0]
-        if b is not None:
-            b.add_(g * 2.0)
-            return None
-        return g * 2.0
+        return fuse_into(b, g * 2.0)
 
     return doubling_with_later_consumer(read)
 
@@ -660,10 +648,7 @@ def once_differentiable_fuse():
     def backward(ctx, g, rec):
         b = ctx.input_grad_buffers
         rec["bufs"] = describe_buffers(b)
-        if b[0] is not None:
-            b[0].add_(g * 2.0)
-            return None
-        return g * 2.0
+        return fuse_into(b[0], g * 2.0)
 
     return doubling_with_later_consumer(backward)
 
@@ -686,14 +671,7 @@ def setup_context_style_fuse():
             x, w = ctx.saved_tensors
             b = ctx.input_grad_buffers
             rec["bufs"] = describe_buffers(b)
-            gx, gw = g * w, g * x
-            if b[0] is not None:
-                b[0].add_(gx)
-                gx = None
-            if b[1] is not None:
-                b[1].add_(gw)
-                gw = None
-            return gx, gw
+            return fuse_into(b[0], g * w), fuse_into(b[1], g * x)
 
     x = leaf([1.0, 2.0])
     w = leaf([3.0, 4.0])
