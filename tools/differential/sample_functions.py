@@ -12,11 +12,14 @@ from scenario_helpers import backward_with_later_consumer, describe_buffers, dty
 from scenario_helpers import grad_values, leaf, outcome_of, read_buffers, tensor_values
 
 
-def doubling(backward, in_forward=None):
+def doubling(backward, in_forward=None, boxed=False):
     """y = 2x whose backward is ``backward(ctx, g)`` (it returns the gradient);
-    given ``in_forward``, forward first runs ``in_forward(ctx)``."""
+    given ``in_forward``, forward first runs ``in_forward(ctx)``; ``boxed``
+    sets boxed_grads_call (backward then gets the list of gradients)."""
 
     class Doubling(Function):
+        boxed_grads_call = boxed
+
         @staticmethod
         def forward(ctx, x):
             if in_forward is not None:

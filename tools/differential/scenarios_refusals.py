@@ -15,14 +15,8 @@ from torch.autograd import Function
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 from torch.autograd.variable import Variable
 
-from sample_functions import (
-    applied_reader,
-    buffer_reader,
-    doubling,
-    doubling_in_setup_context_style,
-    doubling_with_later_consumer,
-    without_ctx,
-)
+from sample_functions import applied_reader, buffer_reader, doubling, doubling_in_setup_context_style
+from sample_functions import doubling_with_later_consumer, without_ctx
 from scenario_helpers import (
     Section,
     describe_buffers,
