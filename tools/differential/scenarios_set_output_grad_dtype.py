@@ -160,46 +160,46 @@ DEVIATIONS.table(  # deviation 1 of docs/deviations.md: dtypes of another kind
 )
 
 
-def _declare_in_forward(calls):
-    """y = 2x whose forward runs ``calls(ctx)``."""
-    return doubling(lambda ctx, g: g * 2.0, in_forward=calls)
-
-
-@VALIDATION.scenario
-def called_twice():
+def repeated_call_case(calls, in_setup_context=False, uncaught=False):
+    """y = 2x whose forward (with ``in_setup_context``, setup_context) runs
+    ``calls(ctx, rec)``: ``rec`` after apply and backward, or (``uncaught``)
+    the outcome of apply."""
     rec = {}
-
-    def calls(ctx):
-        ctx.set_output_grad_dtype(torch.float32)
-        rec["second"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float32))
-        rec["third_none"] = outcome_of(lambda: ctx.set_output_grad_dtype(None))
-
+    if in_setup_context:
+        F = doubling_in_setup_context_style(lambda ctx: calls(ctx, rec))
+    else:
+        F = doubling(lambda ctx, g: g * 2.0, in_forward=lambda ctx: calls(ctx, rec))
     x = leaf([1.0])
-    _declare_in_forward(calls).apply(x).sum().backward()
+    if uncaught:
+        return outcome_of(lambda: F.apply(x))
+    F.apply(x).sum().backward()
     return rec
 
 
-@VALIDATION.scenario
-def called_twice_uncaught():
-    def calls(ctx):
-        ctx.set_output_grad_dtype(torch.float32)
-        ctx.set_output_grad_dtype(torch.float32)
-
-    x = leaf([1.0])
-    return outcome_of(lambda: _declare_in_forward(calls).apply(x))
+def _declare_then_record_two_more(ctx, rec):
+    ctx.set_output_grad_dtype(torch.float32)
+    rec["second"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float32))
+    rec["third_none"] = outcome_of(lambda: ctx.set_output_grad_dtype(None))
 
 
-@VALIDATION.scenario
-def called_twice_forward_and_setup_context():
-    rec = {}
+def _declare_twice(ctx, rec):
+    ctx.set_output_grad_dtype(torch.float32)
+    ctx.set_output_grad_dtype(torch.float32)
 
-    def setup_context(ctx):
-        ctx.set_output_grad_dtype(None)
-        rec["second"] = outcome_of(lambda: ctx.set_output_grad_dtype(None))
 
-    x = leaf([1.0])
-    doubling_in_setup_context_style(setup_context).apply(x).sum().backward()
-    return rec
+def _declare_none_then_record_second(ctx, rec):
+    ctx.set_output_grad_dtype(None)
+    rec["second"] = outcome_of(lambda: ctx.set_output_grad_dtype(None))
+
+
+VALIDATION.table(
+    repeated_call_case,
+    {
+        "called_twice": dict(calls=_declare_then_record_two_more),
+        "called_twice_uncaught": dict(calls=_declare_twice, uncaught=True),
+        "called_twice_forward_and_setup_context": dict(calls=_declare_none_then_record_second, in_setup_context=True),
+    },
+)
 
 
 @VALIDATION.scenario
@@ -420,10 +420,12 @@ def materialized_zeros_unused_output_none_decl():
     return {"rec": rec, "backward": r}
 
 
-def _declaring_from_backward(rec, declare_in_forward, calls_in_backward):
+def call_from_backward_case(declare_in_forward, calls_in_backward, second_backward=False):
     """y = 2x whose backward calls set_output_grad_dtype(float64)
     ``calls_in_backward`` times (after declaring None in forward, with
-    ``declare_in_forward``)."""
+    ``declare_in_forward``), its gradient cast to float64 on the way: what
+    backward recorded (with ``second_backward``, in each of two backwards)."""
+    rec = {}
 
     def in_forward(ctx):
         if declare_in_forward:
@@ -437,16 +439,12 @@ def _declaring_from_backward(rec, declare_in_forward, calls_in_backward):
             return g * 2.0
         return g.float() * 2.0
 
-    return doubling(backward, in_forward)
-
-
-@DEVIATIONS.scenario
-def call_from_backward():
-    rec = {}
-    F = _declaring_from_backward(rec, declare_in_forward=False, calls_in_backward=2)
     x = leaf([1.0, 2.0])
-    y = F.apply(x)
+    y = doubling(backward, in_forward).apply(x)
     z = CastGradTo.apply(y, torch.float64)
+    if not second_backward:
+        z.sum().backward()
+        return rec
     z.sum().backward(retain_graph=True)
     rec_first = dict(rec)
     rec.clear()
@@ -454,15 +452,13 @@ def call_from_backward():
     return {"first": rec_first, "second_backward": rec}
 
 
-@DEVIATIONS.scenario
-def call_from_backward_after_forward_decl():
-    rec = {}
-    F = _declaring_from_backward(rec, declare_in_forward=True, calls_in_backward=1)
-    x = leaf([1.0, 2.0])
-    y = F.apply(x)
-    z = CastGradTo.apply(y, torch.float64)
-    z.sum().backward()
-    return rec
+DEVIATIONS.table(
+    call_from_backward_case,
+    {
+        "call_from_backward": dict(declare_in_forward=False, calls_in_backward=2, second_backward=True),
+        "call_from_backward_after_forward_decl": dict(declare_in_forward=True, calls_in_backward=1),
+    },
+)
 
 
 @DEVIATIONS.scenario
