@@ -342,45 +342,46 @@ DTYPES_AND_KINDS.table(
 # ------------------------------------------------------------------ leaf_grad
 
 
-@LEAF_GRAD.scenario
-def existing_grad_backward():
-    F, rec = fusing_scale()
-    x = leaf([1.0, 2.0])
-    x.grad = torch.full((2,), 100.0)
-    gobj = x.grad
-    y = F.apply(x)
-    (y.sum() + (x * 3.0).sum()).backward()
-    return {"rec": rec, **grad_values(x=x), "grad_same_object": x.grad is gobj}
-
-
-@LEAF_GRAD.scenario
-def autograd_grad_returns_completed_buffer():
-    F, rec = fusing_scale()
-    x = leaf([1.0, 2.0])
-    x.grad = torch.full((2,), 100.0)
-    y = F.apply(x)
-    (gx,) = torch.autograd.grad(y.sum() + (x * 3.0).sum(), [x])
-    return {"rec": rec, "returned": tensor_values(gx), **grad_values(x=x)}
-
-
-@LEAF_GRAD.scenario
-def autograd_grad_nonleaf():
+def leaf_grad_case(run, leaf_x=True):
+    """The fusing Function applied to x, a leaf that already holds
+    .grad = 100 (or, without ``leaf_x``, x = a * 1 of a leaf a), with x * 3
+    consumed later: what ``run(loss, x)`` observes while it asks the engine
+    for the gradients, and then the leaf's .grad."""
     F, rec = fusing_scale()
     a = leaf([1.0, 2.0])
-    x = a * 1.0
+    x = a if leaf_x else a * 1.0
+    if leaf_x:
+        x.grad = torch.full((2,), 100.0)
     y = F.apply(x)
-    (gx,) = torch.autograd.grad(y.sum() + (x * 3.0).sum(), [x])
-    return {"rec": rec, "returned": tensor_values(gx), **grad_values(a=a)}
+    seen = run(y.sum() + (x * 3.0).sum(), x)
+    return {"rec": rec, **seen, **grad_values(**{"x" if leaf_x else "a": a})}
 
 
-@LEAF_GRAD.scenario
-def backward_inputs_x():
-    F, rec = fusing_scale()
-    x = leaf([1.0, 2.0])
-    x.grad = torch.full((2,), 100.0)
-    y = F.apply(x)
-    (y.sum() + (x * 3.0).sum()).backward(inputs=[x])
-    return {"rec": rec, **grad_values(x=x)}
+def _backward_keeping_grad_object(loss, x):
+    gobj = x.grad
+    loss.backward()
+    return {"grad_same_object": x.grad is gobj}
+
+
+def _autograd_grad(loss, x):
+    (gx,) = torch.autograd.grad(loss, [x])
+    return {"returned": tensor_values(gx)}
+
+
+def _backward_inputs_x(loss, x):
+    loss.backward(inputs=[x])
+    return {}
+
+
+LEAF_GRAD.table(
+    leaf_grad_case,
+    {
+        "existing_grad_backward": dict(run=_backward_keeping_grad_object),
+        "autograd_grad_returns_completed_buffer": dict(run=_autograd_grad),
+        "autograd_grad_nonleaf": dict(run=_autograd_grad, leaf_x=False),
+        "backward_inputs_x": dict(run=_backward_inputs_x),
+    },
+)
 
 
 @LEAF_GRAD.scenario
