@@ -42,6 +42,13 @@ def make_tensor(shape, dtype, seed, requires_grad=False, low=-2.0, high=2.0):
     return t.to(torch.empty(0).device).requires_grad_(requires_grad)
 
 
+def make_tensors(spec, n):
+    """``n`` make_tensor()s of one (shape, dtype, seed) spec, from the seeds
+    seed, seed + 1, ... (primals and their tangents, say)."""
+    shape, dtype, seed = spec
+    return [make_tensor(shape, dtype, seed + i) for i in range(n)]
+
+
 def record_calls(cls, name, calls):
     """Replace ``cls.<name>`` by a wrapper that appends ``(name, args)`` to
     ``calls`` before calling the original."""

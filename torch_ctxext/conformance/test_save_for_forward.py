@@ -11,9 +11,9 @@ import torch.autograd.forward_ad as fwAD
 from hypothesis import given, settings, strategies as st
 
 try:
-    from ._helpers import assert_saved_as_pattern, make_tensor, saving_with_nones, tensor_specs
+    from ._helpers import assert_saved_as_pattern, make_tensor, make_tensors, saving_with_nones, tensor_specs
 except ImportError:
-    from _helpers import assert_saved_as_pattern, make_tensor, saving_with_nones, tensor_specs
+    from _helpers import assert_saved_as_pattern, make_tensor, make_tensors, saving_with_nones, tensor_specs
 
 # torch's first use of forward AD loads jit decompositions, which warns that
 # torch.jit.script is deprecated; that is not part of the contract under test.
@@ -97,11 +97,7 @@ def test_docstring_example_save_for_forward_func():
 @given(spec=tensor_specs())
 def test_save_for_forward_works_from_forward_or_setup_context(fn, spec):
     """``save_for_forward`` should be called at most once, in either the :func:`setup_context` or :func:`forward` methods."""
-    shape, dtype, seed = spec
-    x = make_tensor(shape, dtype, seed)
-    y = make_tensor(shape, dtype, seed + 1)
-    xt = make_tensor(shape, dtype, seed + 2)
-    yt = make_tensor(shape, dtype, seed + 3)
+    x, y, xt, yt = make_tensors(spec, 4)
     with fwAD.dual_level():
         out = fn.apply(fwAD.make_dual(x, xt), fwAD.make_dual(y, yt))
         tangent = fwAD.unpack_dual(out).tangent
