@@ -12,8 +12,6 @@ Runs on torch 2.13 + torch_ctxext and on native torch 2.15 alike.
 """
 import os
 import signal
-import os
-import signal
 import sys
 import threading
 import time
@@ -89,6 +87,22 @@ class Nested(Function):
         return grad_x, None, None
 
 
+def run_interleaved(target, n, timeout):
+    """Run ``target(i)`` for i < n in n threads, switching between them often
+    so that their passes really interleave; assert that none hung."""
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=timeout)
+        assert not any(t.is_alive() for t in threads), "a thread hung"
+    finally:
+        sys.setswitchinterval(old_interval)
+
+
 def one_thread(index, errors, fused_counts, barrier, passes=N_PASSES):
     try:
         tag = {"fused": 0}
@@ -129,22 +143,8 @@ def one_thread(index, errors, fused_counts, barrier, passes=N_PASSES):
 def test_eight_threads_fuse_declare_and_box_at_once():
     errors, fused_counts = [], [None] * N_THREADS
     barrier = threading.Barrier(N_THREADS)
-    old_interval = sys.getswitchinterval()
-    # Switch threads often so the passes really interleave.
-    sys.setswitchinterval(1e-5)
     start = time.perf_counter()
-    try:
-        threads = [
-            threading.Thread(target=one_thread, args=(i, errors, fused_counts, barrier))
-            for i in range(N_THREADS)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in threads), "a thread hung"
-    finally:
-        sys.setswitchinterval(old_interval)
+    run_interleaved(lambda i: one_thread(i, errors, fused_counts, barrier), N_THREADS, timeout=120)
     elapsed = time.perf_counter() - start
     assert not errors, errors[0]
     # The fused path was taken in every pass of every thread.
@@ -363,17 +363,7 @@ def test_the_refusals_hold_from_several_threads_at_once():
         except BaseException as e:  # reported below
             errors.append((index, e))
 
-    old_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(N_THREADS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=240)
-        assert not any(t.is_alive() for t in threads), "a thread hung"
-    finally:
-        sys.setswitchinterval(old_interval)
+    run_interleaved(run, N_THREADS, timeout=240)
     assert not errors, errors[0]
     expected = [
         ("reentrant", True, "Calling backward or grad reent"),
