@@ -1,7 +1,9 @@
 """y = 2x, the custom Function the hardening tests build their cases from:
-each case states only what its forward, backward or jvp does differently.
+each case states only what its forward, backward or jvp does differently;
+and its correct fused backward.
 
-Imports torch only (the tests import torch_ctxext themselves).
+Imports torch only (the tests, and the scripts they run in subprocesses with
+this folder on PYTHONPATH, import torch_ctxext themselves).
 """
 from torch.autograd import Function
 
@@ -26,3 +28,13 @@ def doubling(backward, in_forward=None, jvp=None):
     if jvp is not None:
         F.jvp = staticmethod(jvp)
     return F
+
+
+def fuse_into_buffer(ctx, g):
+    """The correct fused backward of y = 2x: 2g goes into x's buffer where it
+    is exposed (and None is returned), else 2g is returned."""
+    (b,) = ctx.input_grad_buffers
+    if b is not None:
+        b.add_(g * 2)
+        return None
+    return g * 2

@@ -32,7 +32,7 @@ from torch.autograd import Function
 from torch.autograd.function import FunctionCtx
 
 import torch_ctxext
-from doubling_functions import doubling  # class F: pinned answers name FBackward
+from doubling_functions import doubling, fuse_into_buffer  # class F: pinned answers name FBackward
 
 if __name__ != "__main__":
     import pytest
@@ -91,16 +91,6 @@ ONLY_WHILE_ITS_APPLY_RUNS = (
 
 def leaf(*values):
     return torch.tensor(values, requires_grad=True)
-
-
-def fuse_into_buffer(ctx, g):
-    """A correct fused backward of y = 2x: 2g goes into x's buffer where it
-    is exposed (and None is returned), else 2g is returned."""
-    (b,) = ctx.input_grad_buffers
-    if b is not None:
-        b.add_(g * 2)
-        return None
-    return g * 2
 
 
 # A correct fused Function, used as the victim of retained-ctx misuse.
