@@ -30,10 +30,13 @@ def doubling(backward, in_forward=None, jvp=None):
     return F
 
 
-def fuse_into_buffer(ctx, g):
+def fuse_into_buffer(ctx, g, exposed=None):
     """The correct fused backward of y = 2x: 2g goes into x's buffer where it
-    is exposed (and None is returned), else 2g is returned."""
+    is exposed (and None is returned), else 2g is returned; appends to the
+    list ``exposed``, when given, whether the buffer was."""
     (b,) = ctx.input_grad_buffers
+    if exposed is not None:
+        exposed.append(b is not None)
     if b is not None:
         b.add_(g * 2)
         return None
