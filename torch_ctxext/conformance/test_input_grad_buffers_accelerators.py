@@ -21,8 +21,10 @@ from torch.autograd import Function
 
 try:
     from . import _device
+    from ._helpers import read_error
 except ImportError:  # run as plain files
     import _device
+    from _helpers import read_error
 
 pytestmark = pytest.mark.accelerator
 
@@ -54,14 +56,6 @@ def make_scale(record, fuse=True):
             return gx, gw
 
     return Scale
-
-
-def read_error(ctx):
-    try:
-        entries = ctx.input_grad_buffers
-    except RuntimeError as e:
-        return str(e)
-    return entries
 
 
 def exposed(entries):
