@@ -21,6 +21,7 @@ import torch
 from torch.autograd import Function
 
 import torch_ctxext  # noqa: F401
+from doubling_functions import doubling
 from torch.autograd.variable import Variable
 
 HAS_BOXED_GRADS = hasattr(torch.autograd.function.BackwardCFunction, "apply_boxed")
@@ -251,18 +252,16 @@ def test_declaration_in_one_thread_does_not_leak_into_anothers_apply():
     b_done = threading.Event()
     dtypes = {}
 
-    class A(Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.set_output_grad_dtype(torch.float64)
-            a_declared.set()
-            assert b_done.wait(30)
-            return x * 2
+    def declare_then_wait_for_b(ctx):
+        ctx.set_output_grad_dtype(torch.float64)
+        a_declared.set()
+        assert b_done.wait(30)
 
-        @staticmethod
-        def backward(ctx, g):
-            dtypes["a"] = g.dtype
-            return g.float() * 2
+    def backward_a(ctx, g):
+        dtypes["a"] = g.dtype
+        return g.float() * 2
+
+    A = doubling(backward_a, in_forward=declare_then_wait_for_b)
 
     class B(Function):
         @staticmethod
