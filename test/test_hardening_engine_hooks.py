@@ -73,14 +73,18 @@ def test_explain_refuses_an_object_that_is_not_a_ctx(impostor):
 
 
 def run(code, **env):
+    """Run ``code`` in a fresh interpreter, with this folder on PYTHONPATH
+    (for doubling_functions); its stdout."""
     import os
 
+    here = os.path.dirname(os.path.abspath(__file__))
+    pythonpath = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, **env},
+        env={**os.environ, "PYTHONPATH": pythonpath, **env},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
@@ -88,23 +92,11 @@ def run(code, **env):
 
 FUSED_WITH_LATER_PRODUCERS = """
     import torch, torch_ctxext
-    from torch.autograd import Function
+    from doubling_functions import doubling, fuse_into_buffer
     from torch_ctxext._ext import loader as _extension
 
     ext = _extension.load()
-
-    class Scale(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            (buffer,) = ctx.input_grad_buffers
-            if buffer is not None:
-                buffer.add_(g * 2)
-                return None
-            return g * 2
+    Scale = doubling(fuse_into_buffer)
 
     def train_step():
         x = torch.tensor([1.0, 2.0], requires_grad=True)
@@ -198,24 +190,16 @@ def test_where_the_producer_hook_cannot_be_placed_slots_expecting_later_producer
     out = run(
         """
     import torch, torch_ctxext
-    from torch.autograd import Function
+    from doubling_functions import doubling, fuse_into_buffer
     from torch_ctxext._ext import loader as _extension
 
     codes = []
 
-    class Scale(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
+    def explain_then_fuse(ctx, g):
+        codes.append(torch_ctxext.explain(ctx)[0].code)
+        return fuse_into_buffer(ctx, g)
 
-        @staticmethod
-        def backward(ctx, g):
-            codes.append(torch_ctxext.explain(ctx)[0].code)
-            (buffer,) = ctx.input_grad_buffers
-            if buffer is not None:
-                buffer.add_(g * 2)
-                return None
-            return g * 2
+    Scale = doubling(explain_then_fuse)
 
     x = torch.tensor([1.0, 2.0], requires_grad=True)
     # Backward runs (x * 7), the second Scale, (x * 5), the first Scale:

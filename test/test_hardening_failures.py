@@ -24,6 +24,7 @@ import torch
 from torch.autograd import Function
 
 import torch_ctxext
+from doubling_functions import doubling, fuse_into_buffer
 
 FEATURES = torch_ctxext.features()
 HAS_BOXED_GRADS = hasattr(torch.autograd.function.BackwardCFunction, "apply_boxed")
@@ -37,43 +38,23 @@ class Boom(Exception):
 def fused_backward_ok(thread_result=None):
     """A fused pass that must work after a failure: exact gradient, fused path taken."""
     fused = []
-
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            (b,) = ctx.input_grad_buffers
-            fused.append(b is not None)
-            if b is not None:
-                b.add_(g * 2)
-                return None
-            return g * 2
-
     x = torch.tensor([1.0, 2.0], requires_grad=True)
+    F = doubling(lambda ctx, g: fuse_into_buffer(ctx, g, exposed=fused))
     (F.apply(x).sum() + (x * 3).sum()).backward()
     ok = fused == [True] and torch.equal(x.grad, torch.tensor([5.0, 5.0]))
     # A reentrant backward from a backward that saw only None entries is fine.
     reentrant = []
 
-    class G(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            assert ctx.input_grad_buffers == (None,)
-            with torch.enable_grad():
-                z = torch.ones(1, requires_grad=True)
-                (z * 3).sum().backward()
-                reentrant.append(z.grad.item())
-            return g * 2
+    def reenter(ctx, g):
+        assert ctx.input_grad_buffers == (None,)
+        with torch.enable_grad():
+            z = torch.ones(1, requires_grad=True)
+            (z * 3).sum().backward()
+            reentrant.append(z.grad.item())
+        return g * 2
 
     x2 = torch.ones(2, requires_grad=True)
-    G.apply(x2).sum().backward()
+    doubling(reenter).apply(x2).sum().backward()
     ok = ok and reentrant == [3.0] and torch.equal(x2.grad, torch.full((2,), 2.0))
     if thread_result is not None:
         thread_result.append(ok)
@@ -174,18 +155,12 @@ def test_failure_in_another_thread_does_not_disturb_a_running_backward():
     b_failed = threading.Event()
     results = {}
 
-    class A(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            (b,) = ctx.input_grad_buffers
-            a_inside.set()
-            assert b_failed.wait(30)
-            b.add_(g * 2)
-            return None
+    def fuse_once_b_failed(ctx, g):
+        (b,) = ctx.input_grad_buffers
+        a_inside.set()
+        assert b_failed.wait(30)
+        b.add_(g * 2)
+        return None
 
     refs = {}
     Failing = make_failing("after", False, True, refs)
@@ -202,7 +177,7 @@ def test_failure_in_another_thread_does_not_disturb_a_running_backward():
     t = threading.Thread(target=thread_b)
     t.start()
     x = torch.ones(2, requires_grad=True)
-    (A.apply(x).sum() + (x * 3).sum()).backward()
+    (doubling(fuse_once_b_failed).apply(x).sum() + (x * 3).sum()).backward()
     t.join(30)
     assert results == {"b": "failed after mutating the buffer"}
     assert torch.equal(x.grad, torch.full((2,), 5.0))
@@ -215,24 +190,18 @@ def test_reentrancy_error_leaves_no_flag_behind():
     that saw only None entries works, in this thread and others."""
     refs = {}
 
-    class Reenter(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            refs["ctx"] = weakref.ref(ctx)
-            (b,) = ctx.input_grad_buffers
-            assert b is not None
-            with torch.enable_grad():
-                z = torch.ones(1, requires_grad=True)
-                (z * 2).sum().backward()
-            return g * 2
+    def reenter_after_buffer(ctx, g):
+        refs["ctx"] = weakref.ref(ctx)
+        (b,) = ctx.input_grad_buffers
+        assert b is not None
+        with torch.enable_grad():
+            z = torch.ones(1, requires_grad=True)
+            (z * 2).sum().backward()
+        return g * 2
 
     x = torch.ones(2, requires_grad=True)
     with pytest.raises(RuntimeError, match="reentrantly after accessing a non-None"):
-        (Reenter.apply(x).sum() + (x * 3).sum()).backward()
+        (doubling(reenter_after_buffer).apply(x).sum() + (x * 3).sum()).backward()
     assert_all_freed(refs)
     next_backward_works_everywhere()
 
@@ -243,28 +212,22 @@ def test_retained_graph_run_again_after_a_failure():
     one (reentrant backward allowed when the new run sees only None)."""
     calls = []
 
-    class Flaky(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            calls.append(len(calls))
-            (b,) = ctx.input_grad_buffers
-            if len(calls) == 1:
-                assert b is not None
-                b.add_(g * 2)
-                raise Boom("first run fails")
-            # second run: no earlier producer (only y is differentiated)
-            assert b is None
-            with torch.enable_grad():
-                z = torch.ones(1, requires_grad=True)
-                (z * 2).sum().backward()
-            return g * 2
+    def flaky(ctx, g):
+        calls.append(len(calls))
+        (b,) = ctx.input_grad_buffers
+        if len(calls) == 1:
+            assert b is not None
+            b.add_(g * 2)
+            raise Boom("first run fails")
+        # second run: no earlier producer (only y is differentiated)
+        assert b is None
+        with torch.enable_grad():
+            z = torch.ones(1, requires_grad=True)
+            (z * 2).sum().backward()
+        return g * 2
 
     x = torch.ones(2, requires_grad=True)
-    y = Flaky.apply(x)
+    y = doubling(flaky).apply(x)
     with pytest.raises(Boom):
         (y.sum() + (x * 3).sum()).backward(retain_graph=True)
     assert x.grad is None
@@ -318,19 +281,13 @@ def check_next_apply_is_clean():
             seen["declares"] = (g1.dtype, g2.dtype)
             return g1.float() * 2 + g2 * 3
 
-    class Silent(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            seen["silent"] = g.dtype
-            return g * 2
+    def silent(ctx, g):
+        seen["silent"] = g.dtype
+        return g * 2
 
     x = torch.ones(2, requires_grad=True)
     a, b = Declares.apply(x)
-    c = Silent.apply(x)
+    c = doubling(silent).apply(x)
     (a.sum() + b.sum() + c.sum()).backward()
     assert seen == {
         "declares": (torch.float64, torch.float32),

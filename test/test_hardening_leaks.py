@@ -33,6 +33,7 @@ import torch
 from torch.autograd import Function
 
 import torch_ctxext
+from doubling_functions import doubling
 
 FEATURES = torch_ctxext.features()
 BACKPORTED_DTYPE = FEATURES["set_output_grad_dtype"] == "torch_ctxext"
@@ -105,39 +106,34 @@ class Fused(Function):
         return grad_x, None
 
 
-class Reentrant(Function):
-    """Reads input_grad_buffers (all None: no earlier producer) and runs a
-    reentrant backward, which the guard allows."""
+def reentrant_backward(check_buffers):
+    """The backward of y = 2x that reads input_grad_buffers, passes them to
+    ``check_buffers`` and then runs a reentrant backward."""
 
-    @staticmethod
-    def forward(ctx, x):
-        TRACKER.track(ctx)
-        return x * 2
-
-    @staticmethod
     def backward(ctx, g):
-        assert ctx.input_grad_buffers == (None,)
+        check_buffers(ctx.input_grad_buffers)
         with torch.enable_grad():
             z = torch.ones(1, requires_grad=True)
             (z * 2).sum().backward()
         return g * 2
 
+    return backward
 
-class ReentrantAfterExposure(Function):
-    """Runs backward after a buffer was handed out: the guard raises."""
 
-    @staticmethod
-    def forward(ctx, x):
-        TRACKER.track(ctx)
-        return x * 2
+def _all_none(buffers):
+    assert buffers == (None,)
 
-    @staticmethod
-    def backward(ctx, g):
-        (b,) = ctx.input_grad_buffers
-        with torch.enable_grad():
-            z = torch.ones(1, requires_grad=True)
-            (z * 2).sum().backward()
-        return g * 2
+
+def _one_entry(buffers):
+    (_,) = buffers
+
+
+# Reads input_grad_buffers (all None: no earlier producer) and runs a
+# reentrant backward, which the guard allows.
+Reentrant = doubling(reentrant_backward(_all_none), in_forward=TRACKER.track)
+
+# Runs backward after a buffer was handed out: the guard raises.
+ReentrantAfterExposure = doubling(reentrant_backward(_one_entry), in_forward=TRACKER.track)
 
 
 class Unused(Function):

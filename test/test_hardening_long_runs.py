@@ -49,7 +49,7 @@ def test_buffers_are_exposed_and_exact_after_two_to_the_31_graph_tasks():
         import torch
         import torch_ctxext
         from torch_ctxext._ext import loader as _extension
-        from torch.autograd import Function
+        from doubling_functions import doubling
 
         def load_base(path):
             with open("/proc/self/maps") as maps:
@@ -67,18 +67,14 @@ def test_buffers_are_exposed_and_exact_after_two_to_the_31_graph_tasks():
 
         ids = []
 
-        class Scale(Function):
-            @staticmethod
-            def forward(ctx, x):
-                return x * 2
+        def note_task_then_fuse(ctx, g):
+            ids.append(_extension.load().current_graph_task_id())
+            (buffer,) = ctx.input_grad_buffers
+            assert buffer is not None
+            buffer.add_(g * 2)
+            return None
 
-            @staticmethod
-            def backward(ctx, g):
-                ids.append(_extension.load().current_graph_task_id())
-                (buffer,) = ctx.input_grad_buffers
-                assert buffer is not None
-                buffer.add_(g * 2)
-                return None
+        Scale = doubling(note_task_then_fuse)
 
         for step in range(6):
             x = torch.tensor([1.0, 2.0], requires_grad=True)
@@ -87,8 +83,11 @@ def test_buffers_are_exposed_and_exact_after_two_to_the_31_graph_tasks():
         assert ids[0] < 2**31 <= ids[-1], ids
         print("ok", ids[0], ids[-1])
     """
+    here = os.path.dirname(os.path.abspath(__file__))  # for doubling_functions
+    pythonpath = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": pythonpath},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("ok"), result.stdout

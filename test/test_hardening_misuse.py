@@ -32,6 +32,7 @@ from torch.autograd import Function
 from torch.autograd.function import FunctionCtx
 
 import torch_ctxext
+from doubling_functions import doubling, fuse_into_buffer  # class F: pinned answers name FBackward
 
 if __name__ != "__main__":
     import pytest
@@ -65,6 +66,13 @@ def case(answer, native=None, skip_native=None):
     return register
 
 
+def case_table(build, rows):
+    """Register one case per row, ``name: (keyword arguments of build, Pin)``."""
+    for name, (arguments, pin) in rows.items():
+        CASES[name] = functools.partial(build, **arguments)
+        PINS[name] = pin
+
+
 # The answers several wrong uses share.
 ONLY_WHILE_BACKWARD_RUNS = (
     "RuntimeError: input_grad_buffers can only be accessed while autograd is executing backward()"
@@ -85,36 +93,13 @@ def leaf(*values):
     return torch.tensor(values, requires_grad=True)
 
 
-class Fused(Function):
-    """A correct fused Function, used as the victim of retained-ctx misuse."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        (b,) = ctx.input_grad_buffers
-        if b is not None:
-            b.add_(g * 2)
-            return None
-        return g * 2
+# A correct fused Function, used as the victim of retained-ctx misuse.
+Fused = doubling(fuse_into_buffer)
 
 
 def in_forward(body):
     """A Function y = 2x whose forward runs body(ctx) first, applied to a leaf."""
-
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            body(ctx)
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
-    F.apply(leaf(1.0))
+    doubling(lambda ctx, g: g, in_forward=body).apply(leaf(1.0))
 
 
 def in_setup_context(body):
@@ -140,18 +125,8 @@ def with_backward(body):
     """A Function y = 2x whose backward runs body(ctx, g) and returns its
     result, applied to a leaf that has an earlier producer (x * 3, created
     after), so that the buffer for x is exposed."""
-
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return body(ctx, g)
-
     x = leaf(1.0, 2.0)
-    (F.apply(x).sum() + (x * 3).sum()).backward()
+    (doubling(body).apply(x).sum() + (x * 3).sum()).backward()
     return x
 
 
@@ -173,20 +148,11 @@ def igb_read_in_setup_context():
 def igb_read_in_jvp():
     import torch.autograd.forward_ad as fwAD
 
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
+    def jvp(ctx, t):
+        ctx.input_grad_buffers
+        return t * 2
 
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2
-
-        @staticmethod
-        def jvp(ctx, t):
-            ctx.input_grad_buffers
-            return t * 2
-
+    F = doubling(lambda ctx, g: g * 2, jvp=jvp)
     with fwAD.dual_level():
         F.apply(fwAD.make_dual(torch.ones(1), torch.ones(1)))
 
@@ -230,30 +196,29 @@ def igb_post_hook_on_node():
     (y.sum() + (x * 3).sum()).backward()
 
 
-@case("RuntimeError: Calling backward or grad reentrantly after accessing a non-None ctx.input_grad_buffers entry is not supported")
-def igb_reentrant_backward_after_buffer():
+def reentrant_after_buffer(reenter):
+    """A backward that took its exposed buffer runs ``reenter(z)`` on a fresh
+    leaf z: a reentrant backward or grad."""
+
     def body(ctx, g):
         (b,) = ctx.input_grad_buffers
         assert b is not None
         with torch.enable_grad():
-            z = leaf(1.0)
-            (z * 2).sum().backward()
+            reenter(leaf(1.0))
         return g * 2
 
     with_backward(body)
 
 
-@case("RuntimeError: Calling backward or grad reentrantly after accessing a non-None ctx.input_grad_buffers entry is not supported")
-def igb_reentrant_grad_after_buffer():
-    def body(ctx, g):
-        (b,) = ctx.input_grad_buffers
-        assert b is not None
-        with torch.enable_grad():
-            z = leaf(1.0)
-            torch.autograd.grad((z * 2).sum(), (z,))
-        return g * 2
-
-    with_backward(body)
+REENTRANT_AFTER_BUFFER = Pin(
+    "RuntimeError: Calling backward or grad reentrantly after accessing a non-None ctx.input_grad_buffers entry is not supported"
+)
+case_table(reentrant_after_buffer, {
+    "igb_reentrant_backward_after_buffer": (
+        dict(reenter=lambda z: (z * 2).sum().backward()), REENTRANT_AFTER_BUFFER),
+    "igb_reentrant_grad_after_buffer": (
+        dict(reenter=lambda z: torch.autograd.grad((z * 2).sum(), (z,))), REENTRANT_AFTER_BUFFER),
+})
 
 
 # ------------------------------------------------------ input_grad_buffers:
@@ -286,16 +251,7 @@ def igb_other_functions_ctx_during_backward():
         other.grad_fn.input_grad_buffers
         return g * 2
 
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            return body(ctx, g)
-
-    (F.apply(x).sum() + other.sum()).backward()
+    (doubling(body).apply(x).sum() + other.sum()).backward()
 
 
 @case(ONLY_FROM_ITS_OWN_BACKWARD)
@@ -404,19 +360,13 @@ def igb_backward_returns_non_tensor_for_fused_input():
 # torch's own (unclear) error; not validated at the point of misuse, as in 2.15.
 @case("RuntimeError: The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 1")
 def igb_buffer_transposed_in_place():
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            (b,) = ctx.input_grad_buffers
-            b.t_()
-            return None
+    def body(ctx, g):
+        (b,) = ctx.input_grad_buffers
+        b.t_()
+        return None
 
     x = torch.ones(2, 3, requires_grad=True)
-    (F.apply(x).sum() + (x * 3).sum()).backward()
+    (doubling(body).apply(x).sum() + (x * 3).sum()).backward()
 
 
 # Not validated, by torch 2.15 either: .grad silently gets another shape.
@@ -521,13 +471,6 @@ def declared(declarations, outputs=lambda x: x * 2, non_differentiable=False, ba
     y = declaring(*declarations, outputs=outputs, non_differentiable=non_differentiable).apply(leaf(1.0))
     if backward:
         y.sum().backward()
-
-
-def case_table(build, rows):
-    """Register one case per row, ``name: (keyword arguments of build, Pin)``."""
-    for name, (arguments, pin) in rows.items():
-        CASES[name] = functools.partial(build, **arguments)
-        PINS[name] = pin
 
 
 def count_mismatch(returned, declared):
@@ -645,17 +588,11 @@ def sogd_real_dtype_for_complex_output():
 
 @case(ONLY_WHILE_ITS_APPLY_RUNS, skip_native="silently ignored (docs/deviations.md, deviation 3)")
 def sogd_called_from_backward():
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
+    def body(ctx, g):
+        ctx.set_output_grad_dtype(torch.float64)
+        return g
 
-        @staticmethod
-        def backward(ctx, g):
-            ctx.set_output_grad_dtype(torch.float64)
-            return g
-
-    F.apply(leaf(1.0)).sum().backward()
+    doubling(body).apply(leaf(1.0)).sum().backward()
 
 
 @case(ONLY_WHILE_ITS_APPLY_RUNS, skip_native="silently ignored (docs/deviations.md, deviation 3)")
@@ -672,21 +609,15 @@ def sogd_called_from_jvp():
 
     seen = []
 
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
+    def backward(ctx, g):
+        seen.append(g.dtype)
+        return g.float() * 2
 
-        @staticmethod
-        def backward(ctx, g):
-            seen.append(g.dtype)
-            return g.float() * 2
+    def jvp(ctx, t):
+        ctx.set_output_grad_dtype(torch.float64)
+        return t * 2
 
-        @staticmethod
-        def jvp(ctx, t):
-            ctx.set_output_grad_dtype(torch.float64)
-            return t * 2
-
+    F = doubling(backward, jvp=jvp)
     with fwAD.dual_level():
         y = F.apply(fwAD.make_dual(leaf(1.0), torch.ones(1)))
     y.sum().backward()
@@ -713,26 +644,22 @@ def sogd_handmade_ctx_inside_forward():
 def sogd_called_from_another_thread_during_forward():
     errors, seen = [], []
 
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            def declare():
-                try:
-                    ctx.set_output_grad_dtype(torch.float64)
-                except BaseException as e:
-                    errors.append(e)
+    def declare_from_another_thread(ctx):
+        def declare():
+            try:
+                ctx.set_output_grad_dtype(torch.float64)
+            except BaseException as e:
+                errors.append(e)
 
-            t = threading.Thread(target=declare)
-            t.start()
-            t.join()
-            return x * 2
+        t = threading.Thread(target=declare)
+        t.start()
+        t.join()
 
-        @staticmethod
-        def backward(ctx, g):
-            seen.append(g.dtype)
-            return g.float()
+    def backward(ctx, g):
+        seen.append(g.dtype)
+        return g.float()
 
-    F.apply(leaf(1.0)).sum().backward()
+    doubling(backward, in_forward=declare_from_another_thread).apply(leaf(1.0)).sum().backward()
     if errors:
         raise errors[0]
     return f"backward received {seen[0]}"

@@ -12,8 +12,6 @@ Runs on torch 2.13 + torch_ctxext and on native torch 2.15 alike.
 """
 import os
 import signal
-import os
-import signal
 import sys
 import threading
 import time
@@ -23,6 +21,7 @@ import torch
 from torch.autograd import Function
 
 import torch_ctxext  # noqa: F401
+from doubling_functions import doubling
 from torch.autograd.variable import Variable
 
 HAS_BOXED_GRADS = hasattr(torch.autograd.function.BackwardCFunction, "apply_boxed")
@@ -89,6 +88,22 @@ class Nested(Function):
         return grad_x, None, None
 
 
+def run_interleaved(target, n, timeout):
+    """Run ``target(i)`` for i < n in n threads, switching between them often
+    so that their passes really interleave; assert that none hung."""
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=timeout)
+        assert not any(t.is_alive() for t in threads), "a thread hung"
+    finally:
+        sys.setswitchinterval(old_interval)
+
+
 def one_thread(index, errors, fused_counts, barrier, passes=N_PASSES):
     try:
         tag = {"fused": 0}
@@ -129,22 +144,8 @@ def one_thread(index, errors, fused_counts, barrier, passes=N_PASSES):
 def test_eight_threads_fuse_declare_and_box_at_once():
     errors, fused_counts = [], [None] * N_THREADS
     barrier = threading.Barrier(N_THREADS)
-    old_interval = sys.getswitchinterval()
-    # Switch threads often so the passes really interleave.
-    sys.setswitchinterval(1e-5)
     start = time.perf_counter()
-    try:
-        threads = [
-            threading.Thread(target=one_thread, args=(i, errors, fused_counts, barrier))
-            for i in range(N_THREADS)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in threads), "a thread hung"
-    finally:
-        sys.setswitchinterval(old_interval)
+    run_interleaved(lambda i: one_thread(i, errors, fused_counts, barrier), N_THREADS, timeout=120)
     elapsed = time.perf_counter() - start
     assert not errors, errors[0]
     # The fused path was taken in every pass of every thread.
@@ -251,18 +252,16 @@ def test_declaration_in_one_thread_does_not_leak_into_anothers_apply():
     b_done = threading.Event()
     dtypes = {}
 
-    class A(Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.set_output_grad_dtype(torch.float64)
-            a_declared.set()
-            assert b_done.wait(30)
-            return x * 2
+    def declare_then_wait_for_b(ctx):
+        ctx.set_output_grad_dtype(torch.float64)
+        a_declared.set()
+        assert b_done.wait(30)
 
-        @staticmethod
-        def backward(ctx, g):
-            dtypes["a"] = g.dtype
-            return g.float() * 2
+    def backward_a(ctx, g):
+        dtypes["a"] = g.dtype
+        return g.float() * 2
+
+    A = doubling(backward_a, in_forward=declare_then_wait_for_b)
 
     class B(Function):
         @staticmethod
@@ -363,17 +362,7 @@ def test_the_refusals_hold_from_several_threads_at_once():
         except BaseException as e:  # reported below
             errors.append((index, e))
 
-    old_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(N_THREADS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=240)
-        assert not any(t.is_alive() for t in threads), "a thread hung"
-    finally:
-        sys.setswitchinterval(old_interval)
+    run_interleaved(run, N_THREADS, timeout=240)
     assert not errors, errors[0]
     expected = [
         ("reentrant", True, "Calling backward or grad reent"),

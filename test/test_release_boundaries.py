@@ -26,6 +26,7 @@ from torch.autograd.variable import Variable
 
 import torch_ctxext
 from torch_ctxext import _features
+from doubling_functions import doubling
 
 FEATURES = torch_ctxext.features()
 
@@ -156,17 +157,13 @@ def test_a_node_born_at_a_dead_declaring_nodes_address_gets_its_gradient_cast():
 def test_an_uncast_gradient_is_reduced_to_the_output_shape_like_a_cast_one():
     """validate_outputs sums a broadcast gradient down to the output's shape
     before casting; the uncast gradient gets the same reduction."""
+    seen = {}
 
-    class Uncast(Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.set_output_grad_dtype(None)
-            return x * 2
+    def backward(ctx, g):
+        seen["uncast"] = (g.dtype, tuple(g.shape), g.tolist())
+        return g.float() * 2
 
-        @staticmethod
-        def backward(ctx, g):
-            Uncast.seen = (g.dtype, tuple(g.shape), g.tolist())
-            return g.float() * 2
+    Uncast = doubling(backward, in_forward=lambda ctx: ctx.set_output_grad_dtype(None))
 
     class Broadcast(Function):  # hands back a (2, 3) gradient for a (3,) input
         @staticmethod
@@ -179,7 +176,7 @@ def test_an_uncast_gradient_is_reduced_to_the_output_shape_like_a_cast_one():
 
     x = torch.ones(3, requires_grad=True)
     Broadcast.apply(Uncast.apply(x)).sum().backward()
-    assert Uncast.seen == (torch.float64, (3,), [2.0, 2.0, 2.0])
+    assert seen["uncast"] == (torch.float64, (3,), [2.0, 2.0, 2.0])
     assert x.grad.tolist() == [4.0, 4.0, 4.0]
 
 
@@ -190,26 +187,20 @@ def test_the_reentrancy_guard_engine_works_on_this_torch():
     it, and a backward() from the backward that holds a buffer is refused."""
     events = []
 
-    class Fused(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            (buffer,) = ctx.input_grad_buffers
-            events.append(buffer is not None)
-            if buffer is None:
-                return g * 2
-            buffer.add_(g * 2)
-            try:
-                torch.ones(1, requires_grad=True).sum().backward()
-            except RuntimeError as e:
-                events.append(str(e))
-            return None
+    def fuse_then_reenter(ctx, g):
+        (buffer,) = ctx.input_grad_buffers
+        events.append(buffer is not None)
+        if buffer is None:
+            return g * 2
+        buffer.add_(g * 2)
+        try:
+            torch.ones(1, requires_grad=True).sum().backward()
+        except RuntimeError as e:
+            events.append(str(e))
+        return None
 
     x = torch.ones(2, requires_grad=True)
-    (Fused.apply(x).sum() + (x * 3).sum()).backward()
+    (doubling(fuse_then_reenter).apply(x).sum() + (x * 3).sum()).backward()
     engine = Variable._execution_engine
     assert isinstance(engine, torch._C._ImperativeEngine)
     assert type(engine).__name__ == "_GuardedEngine"

@@ -6,6 +6,7 @@ Each test runs in a fresh interpreter: the device must be registered before
 the first backward() of a process, and this one has run many.
 """
 import importlib.util
+import os
 import subprocess
 import sys
 import textwrap
@@ -29,11 +30,16 @@ EXIT = "\nimport os, sys\nsys.stdout.flush()\nsys.stderr.flush()\nos._exit(0)\n"
 
 
 def run(code, *args):
+    """Run ``code`` in a fresh interpreter, with this folder on PYTHONPATH
+    (for doubling_functions); its stdout's lines."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    pythonpath = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     completed = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code) + EXIT, *args],
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "PYTHONPATH": pythonpath},
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return completed.stdout.strip().splitlines()
@@ -127,20 +133,9 @@ def test_later_producers_are_validated_by_the_engine_hook_in_a_process_with_devi
         import torch, torch_ctxext_testdevice
         import torch_ctxext
         from torch_ctxext import _C, _features
-        from torch.autograd import Function
+        from doubling_functions import doubling, fuse_into_buffer
         seen = []
-        class Scale(Function):
-            @staticmethod
-            def forward(ctx, x):
-                return x * 2
-            @staticmethod
-            def backward(ctx, g):
-                (buffer,) = ctx.input_grad_buffers
-                seen.append(buffer is not None)
-                if buffer is not None:
-                    buffer.add_(g * 2)
-                    return None
-                return g * 2
+        Scale = doubling(lambda ctx, g: fuse_into_buffer(ctx, g, exposed=seen))
         x = torch.ones(3, device="testdevice", requires_grad=True)
         before = _C.validated_later_producers()
         ((x * 3).sum() + Scale.apply(x).sum() + (x * 5).sum()).backward()

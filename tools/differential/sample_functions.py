@@ -8,16 +8,22 @@ torch 2.15 API is used, so these run on native 2.15 without torch_ctxext.
 import torch
 from torch.autograd import Function
 
-from scenario_helpers import backward_with_later_consumer, describe_buffers, dtype_name, error_of, grad_values
-from scenario_helpers import leaf, outcome_of, read_buffers, tensor_values
+from scenario_helpers import backward_with_later_consumer, describe_buffers, dtype_name, error_of, fuse_into
+from scenario_helpers import grad_values, leaf, outcome_of, read_buffers, tensor_values
 
 
-def doubling(backward):
-    """y = 2x whose backward is ``backward(ctx, g)`` (it returns the gradient)."""
+def doubling(backward, in_forward=None, boxed=False):
+    """y = 2x whose backward is ``backward(ctx, g)`` (it returns the gradient);
+    given ``in_forward``, forward first runs ``in_forward(ctx)``; ``boxed``
+    sets boxed_grads_call (backward then gets the list of gradients)."""
 
     class Doubling(Function):
+        boxed_grads_call = boxed
+
         @staticmethod
         def forward(ctx, x):
+            if in_forward is not None:
+                in_forward(ctx)
             return x * 2.0
 
         @staticmethod
@@ -25,6 +31,29 @@ def doubling(backward):
             return backward(ctx, g)
 
     return Doubling
+
+
+def doubling_in_setup_context_style(setup_context, backward=None, vmap_rule=False):
+    """y = 2x in the setup_context style: forward(x), then setup_context runs
+    ``setup_context(ctx)``; backward is ``backward(ctx, g)`` (by default the
+    gradient 2g); ``vmap_rule`` sets generate_vmap_rule (for torch.func.vmap)."""
+
+    class DoublingInSetupContextStyle(Function):
+        generate_vmap_rule = vmap_rule
+
+        @staticmethod
+        def forward(x):
+            return x * 2.0
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            setup_context(ctx)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2.0 if backward is None else backward(ctx, g)
+
+    return DoublingInSetupContextStyle
 
 
 def doubling_with_later_consumer(backward):
@@ -56,10 +85,7 @@ def fusing_scale(scale=2.0, fuse=True, record=None):
                 return g * scale
             record.setdefault("reads", []).append(describe_buffers(buffers))
             record["grad_dtype"] = dtype_name(g)
-            if fuse and buffers[0] is not None:
-                buffers[0].add_(g * scale)
-                return None
-            return g * scale
+            return fuse_into(buffers[0], g * scale) if fuse else g * scale
 
     return FusingScale, record
 
@@ -326,20 +352,10 @@ def func_declaring_scale(declaration, record):
     """y = 2x in the setup_context style (generate_vmap_rule, for torch.func)
     that declares ``declaration``; backward records the gradient dtypes it gets."""
 
-    class FuncDeclaringScale(Function):
-        generate_vmap_rule = True
+    def backward(ctx, g):
+        record.setdefault("bwd_dtype", []).append(dtype_name(g))
+        return g * 2.0
 
-        @staticmethod
-        def forward(x):
-            return x * 2.0
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            ctx.set_output_grad_dtype(declaration)
-
-        @staticmethod
-        def backward(ctx, g):
-            record.setdefault("bwd_dtype", []).append(dtype_name(g))
-            return g * 2.0
-
-    return FuncDeclaringScale
+    return doubling_in_setup_context_style(
+        lambda ctx: ctx.set_output_grad_dtype(declaration), backward, vmap_rule=True
+    )

@@ -115,6 +115,17 @@ def read_buffers(ctx):
         return None, error_of(e)
 
 
+def fuse_into(buffer, grad):
+    """What a fusing backward returns for one input: where ``buffer`` (its
+    entry of ctx.input_grad_buffers) is exposed, ``grad`` is added into it and
+    None is returned, so the engine adds nothing more; where it is None,
+    ``grad`` itself."""
+    if buffer is None:
+        return grad
+    buffer.add_(grad)
+    return None
+
+
 def leaf(vals, dtype=torch.float32):
     """A leaf tensor that requires grad."""
     return torch.tensor(vals, dtype=dtype, requires_grad=True)

@@ -11,8 +11,9 @@ import threading
 import torch
 from torch.autograd import Function
 
-from sample_functions import DECLARATIONS, OMIT, CastGradTo
-from scenario_helpers import Section, describe_buffers, dtype_name, grad_values, leaf, outcome_of, read_buffers, tensor_values
+from sample_functions import DECLARATIONS, OMIT, CastGradTo, doubling
+from scenario_helpers import Section, describe_buffers, dtype_name, fuse_into, grad_values, leaf, outcome_of
+from scenario_helpers import read_buffers, tensor_values
 
 INPUT_GRAD_BUFFERS = Section("apply_boxed.input_grad_buffers")
 SET_OUTPUT_GRAD_DTYPE = Section("apply_boxed.set_output_grad_dtype")
@@ -41,11 +42,7 @@ def boxed_grads_call():
             grads.clear()
             b = ctx.input_grad_buffers
             rec["bufs"] = describe_buffers(b)
-            gx, gw = g * 2.0, g * 2.0
-            if b[0] is not None:
-                b[0].add_(gx)
-                gx = None
-            return gx, gw
+            return fuse_into(b[0], g * 2.0), g * 2.0
 
     x = leaf([1.0, 2.0])
     w = leaf([2.0, 2.0])
@@ -58,21 +55,13 @@ def boxed_grads_call():
 def boxed_direct_apply():
     rec = {}
 
-    class F(Function):
-        boxed_grads_call = True
-
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, grads):
-            rec["grads_type"] = type(grads).__name__
-            rec["bufs"], rec["err"] = read_buffers(ctx)
-            return grads[0] * 2.0
+    def backward(ctx, grads):
+        rec["grads_type"] = type(grads).__name__
+        rec["bufs"], rec["err"] = read_buffers(ctx)
+        return grads[0] * 2.0
 
     x = leaf([1.0, 2.0])
-    y = F.apply(x)
+    y = doubling(backward, boxed=True).apply(x)
     out = outcome_of(lambda: tensor_values(y.grad_fn.apply(torch.ones(2))))
     return {"rec": rec, "apply": out}
 
@@ -111,44 +100,43 @@ def boxed_declared_dtype():
     return res
 
 
-def _boxed_declaring(declaration, rec, as_float):
-    """y = 2x, boxed, declaring ``declaration``; backward records the dtypes
-    and returns 2g (cast to float32 with ``as_float``)."""
-
-    class F(Function):
-        boxed_grads_call = True
-
-        @staticmethod
-        def forward(ctx, x):
-            ctx.set_output_grad_dtype(declaration)
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, grads):
-            rec["dtypes"] = [dtype_name(g) for g in grads]
-            return (grads[0].float() if as_float else grads[0]) * 2.0
-
-    return F
-
-
-@SET_OUTPUT_GRAD_DTYPE.scenario
-def boxed_declared_dtype_root_grad():
+def boxed_declaring_case(declaration, as_float, outcome, run, observe_x_grad=False):
+    """y = 2x, boxed, declaring ``declaration``, whose backward records the
+    dtypes it gets and returns 2g (cast to float32 with ``as_float``): what
+    ``run(y)`` gives, under the key ``outcome`` (and x.grad with ``observe_x_grad``)."""
     rec = {}
-    F = _boxed_declaring(torch.float16, rec, as_float=True)
+
+    def backward(ctx, grads):
+        rec["dtypes"] = [dtype_name(g) for g in grads]
+        return (grads[0].float() if as_float else grads[0]) * 2.0
+
+    F = doubling(backward, in_forward=lambda ctx: ctx.set_output_grad_dtype(declaration), boxed=True)
     x = leaf([1.0, 2.0])
     y = F.apply(x)
-    r = outcome_of(lambda: y.backward(torch.tensor([1.0, 3.0], dtype=torch.float64)))
-    return {"rec": rec, "backward": r, **grad_values(x=x)}
+    out = {"rec": rec, outcome: outcome_of(lambda: run(y))}
+    if observe_x_grad:
+        out.update(grad_values(x=x))
+    return out
 
 
-@SET_OUTPUT_GRAD_DTYPE.scenario
-def boxed_direct_apply_declared():
-    rec = {}
-    F = _boxed_declaring(torch.float64, rec, as_float=False)
-    x = leaf([1.0, 2.0])
-    y = F.apply(x)
-    r = outcome_of(lambda: dtype_name(y.grad_fn.apply(torch.ones(2))))
-    return {"rec": rec, "apply": r}
+SET_OUTPUT_GRAD_DTYPE.table(
+    boxed_declaring_case,
+    {
+        "boxed_declared_dtype_root_grad": dict(
+            declaration=torch.float16,
+            as_float=True,
+            outcome="backward",
+            run=lambda y: y.backward(torch.tensor([1.0, 3.0], dtype=torch.float64)),
+            observe_x_grad=True,
+        ),
+        "boxed_direct_apply_declared": dict(
+            declaration=torch.float64,
+            as_float=False,
+            outcome="apply",
+            run=lambda y: dtype_name(y.grad_fn.apply(torch.ones(2))),
+        ),
+    },
+)
 
 
 # -------------------------------------------------------------------- threads

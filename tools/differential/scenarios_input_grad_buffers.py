@@ -16,6 +16,7 @@ from torch.autograd.function import once_differentiable
 
 from sample_functions import (
     doubling,
+    doubling_in_setup_context_style,
     doubling_with_later_consumer,
     fusing_scale,
     producer_returning,
@@ -29,6 +30,7 @@ from scenario_helpers import (
     describe_buffers,
     dtype_name,
     error_of,
+    fuse_into,
     grad_values,
     leaf,
     outcome_of,
@@ -255,14 +257,7 @@ def same_input_twice():
             bufs = ctx.input_grad_buffers
             rec["bufs"] = describe_buffers(bufs)
             rec["same_obj_0_1"] = bufs[0] is bufs[1]
-            ga, gb = g * 2.0, g * 2.0
-            if bufs[0] is not None:
-                bufs[0].add_(ga)
-                ga = None
-            if bufs[1] is not None:
-                bufs[1].add_(gb)
-                gb = None
-            return ga, gb
+            return fuse_into(bufs[0], g * 2.0), fuse_into(bufs[1], g * 2.0)
 
     x = leaf([1.0, 2.0])
     y = F2.apply(x, x)
@@ -347,45 +342,46 @@ DTYPES_AND_KINDS.table(
 # ------------------------------------------------------------------ leaf_grad
 
 
-@LEAF_GRAD.scenario
-def existing_grad_backward():
-    F, rec = fusing_scale()
-    x = leaf([1.0, 2.0])
-    x.grad = torch.full((2,), 100.0)
-    gobj = x.grad
-    y = F.apply(x)
-    (y.sum() + (x * 3.0).sum()).backward()
-    return {"rec": rec, **grad_values(x=x), "grad_same_object": x.grad is gobj}
-
-
-@LEAF_GRAD.scenario
-def autograd_grad_returns_completed_buffer():
-    F, rec = fusing_scale()
-    x = leaf([1.0, 2.0])
-    x.grad = torch.full((2,), 100.0)
-    y = F.apply(x)
-    (gx,) = torch.autograd.grad(y.sum() + (x * 3.0).sum(), [x])
-    return {"rec": rec, "returned": tensor_values(gx), **grad_values(x=x)}
-
-
-@LEAF_GRAD.scenario
-def autograd_grad_nonleaf():
+def leaf_grad_case(run, leaf_x=True):
+    """The fusing Function applied to x, a leaf that already holds
+    .grad = 100 (or, without ``leaf_x``, x = a * 1 of a leaf a), with x * 3
+    consumed later: what ``run(loss, x)`` observes while it asks the engine
+    for the gradients, and then the leaf's .grad."""
     F, rec = fusing_scale()
     a = leaf([1.0, 2.0])
-    x = a * 1.0
+    x = a if leaf_x else a * 1.0
+    if leaf_x:
+        x.grad = torch.full((2,), 100.0)
     y = F.apply(x)
-    (gx,) = torch.autograd.grad(y.sum() + (x * 3.0).sum(), [x])
-    return {"rec": rec, "returned": tensor_values(gx), **grad_values(a=a)}
+    seen = run(y.sum() + (x * 3.0).sum(), x)
+    return {"rec": rec, **seen, **grad_values(**{"x" if leaf_x else "a": a})}
 
 
-@LEAF_GRAD.scenario
-def backward_inputs_x():
-    F, rec = fusing_scale()
-    x = leaf([1.0, 2.0])
-    x.grad = torch.full((2,), 100.0)
-    y = F.apply(x)
-    (y.sum() + (x * 3.0).sum()).backward(inputs=[x])
-    return {"rec": rec, **grad_values(x=x)}
+def _backward_keeping_grad_object(loss, x):
+    gobj = x.grad
+    loss.backward()
+    return {"grad_same_object": x.grad is gobj}
+
+
+def _autograd_grad(loss, x):
+    (gx,) = torch.autograd.grad(loss, [x])
+    return {"returned": tensor_values(gx)}
+
+
+def _backward_inputs_x(loss, x):
+    loss.backward(inputs=[x])
+    return {}
+
+
+LEAF_GRAD.table(
+    leaf_grad_case,
+    {
+        "existing_grad_backward": dict(run=_backward_keeping_grad_object),
+        "autograd_grad_returns_completed_buffer": dict(run=_autograd_grad),
+        "autograd_grad_nonleaf": dict(run=_autograd_grad, leaf_x=False),
+        "backward_inputs_x": dict(run=_backward_inputs_x),
+    },
+)
 
 
 @LEAF_GRAD.scenario
@@ -418,10 +414,7 @@ def _fuse_keeping_buffer(held, keep):
     def fuse(ctx, g):
         b = ctx.input_grad_buffers[0]
         held.update(keep(b))
-        if b is not None:
-            b.add_(g * 2.0)
-            return None
-        return g * 2.0
+        return fuse_into(b, g * 2.0)
 
     return doubling(fuse)
 
@@ -524,10 +517,7 @@ def identity_and_double_read():
             rec["entry_same_object"] = t1[0] is t2[0]
             rec["entry_same_storage"] = t1[0].data_ptr() == t2[0].data_ptr()
         b = t1[0]
-        if b is not None:
-            b.add_(g * 2.0)
-            return None
-        return g * 2.0
+        return fuse_into(b, g * 2.0)
 
     return doubling_with_later_consumer(read)
 
@@ -655,25 +645,13 @@ HOOKS.table(
 
 @FUNCTION_STYLES.scenario
 def once_differentiable_fuse():
-    rec = {}
+    @once_differentiable
+    def backward(ctx, g, rec):
+        b = ctx.input_grad_buffers
+        rec["bufs"] = describe_buffers(b)
+        return fuse_into(b[0], g * 2.0)
 
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2.0
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, g):
-            b = ctx.input_grad_buffers
-            rec["bufs"] = describe_buffers(b)
-            if b[0] is not None:
-                b[0].add_(g * 2.0)
-                return None
-            return g * 2.0
-
-    x = backward_with_later_consumer(F)
-    return {"rec": rec, **grad_values(x=x)}
+    return doubling_with_later_consumer(backward)
 
 
 @FUNCTION_STYLES.scenario
@@ -694,14 +672,7 @@ def setup_context_style_fuse():
             x, w = ctx.saved_tensors
             b = ctx.input_grad_buffers
             rec["bufs"] = describe_buffers(b)
-            gx, gw = g * w, g * x
-            if b[0] is not None:
-                b[0].add_(gx)
-                gx = None
-            if b[1] is not None:
-                b[1].add_(gw)
-                gw = None
-            return gx, gw
+            return fuse_into(b[0], g * w), fuse_into(b[1], g * x)
 
     x = leaf([1.0, 2.0])
     w = leaf([3.0, 4.0])
@@ -759,20 +730,11 @@ def multithreaded_backward():
 def func_grad():
     rec = {}
 
-    class F(Function):
-        @staticmethod
-        def forward(x):
-            return x * 2.0
+    def backward(ctx, g):
+        rec["bufs"], rec["err"] = read_buffers(ctx)
+        return g * 2.0
 
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            pass
-
-        @staticmethod
-        def backward(ctx, g):
-            rec["bufs"], rec["err"] = read_buffers(ctx)
-            return g * 2.0
-
+    F = doubling_in_setup_context_style(lambda ctx: None, backward)
     r = outcome_of(
         lambda: tensor_values(torch.func.grad(lambda x: F.apply(x).sum() + (x * 3.0).sum())(torch.tensor([1.0, 2.0])))
     )

@@ -15,7 +15,8 @@ from torch.autograd import Function
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 from torch.autograd.variable import Variable
 
-from sample_functions import applied_reader, buffer_reader, doubling, doubling_with_later_consumer, without_ctx
+from sample_functions import applied_reader, buffer_reader, doubling, doubling_in_setup_context_style
+from sample_functions import doubling_with_later_consumer, without_ctx
 from scenario_helpers import (
     Section,
     describe_buffers,
@@ -96,21 +97,11 @@ REFUSALS.table(
 def read_in_setup_context():
     rec = {}
 
-    class S(Function):
-        @staticmethod
-        def forward(x):
-            return x * 2.0
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            rec["read"], rec["err"] = read_buffers(ctx)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2.0
+    def setup_context(ctx):
+        rec["read"], rec["err"] = read_buffers(ctx)
 
     x = leaf([1.0, 2.0])
-    S.apply(x).sum().backward()
+    doubling_in_setup_context_style(setup_context).apply(x).sum().backward()
     return rec
 
 
@@ -144,20 +135,14 @@ def other_graph_ctx_case(mode=None):
     rec1, x1, y1 = applied_reader()
     rec = {}
 
-    class Rd2(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            rec["own"], rec["own_err"] = read_buffers(ctx)
-            rec["other"], rec["other_err"] = read_buffers(y1.grad_fn)
-            return g * 2.0
+    def backward(ctx, g):
+        rec["own"], rec["own_err"] = read_buffers(ctx)
+        rec["other"], rec["other_err"] = read_buffers(y1.grad_fn)
+        return g * 2.0
 
     x = leaf([1.0, 2.0])
     with torch.autograd.set_detect_anomaly(mode == "anomaly"):
-        y = Rd2.apply(x)
+        y = doubling(backward).apply(x)
         if mode == "posthook":
             y.grad_fn.register_hook(lambda gi, go: None)
         (y.sum() + (x * 3.0).sum()).backward(create_graph=(mode == "create_graph"))
@@ -187,18 +172,12 @@ def direct_grad_fn_apply_inside_backward():
     rec, x, yF = applied_reader()
     rec2 = {}
 
-    class Outer(Function):
-        @staticmethod
-        def forward(ctx, a):
-            return a * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            rec2["inner_apply"] = outcome_of(lambda: tensor_values(yF.grad_fn.apply(torch.ones(2))))
-            return g * 2.0
+    def backward(ctx, g):
+        rec2["inner_apply"] = outcome_of(lambda: tensor_values(yF.grad_fn.apply(torch.ones(2))))
+        return g * 2.0
 
     a = leaf([1.0, 2.0])
-    Outer.apply(a).sum().backward()
+    doubling(backward).apply(a).sum().backward()
     return {"rec": without_ctx(rec), "rec2": rec2}
 
 
@@ -255,18 +234,12 @@ def precedence_forward_read_under_create_graph_backward():
     rec_in = {}
     Inner = buffer_reader(rec_in, "forward")
 
-    class Outer(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            Inner.apply(g)
-            return g * 2.0
+    def backward(ctx, g):
+        Inner.apply(g)
+        return g * 2.0
 
     x = leaf([1.0, 2.0])
-    Outer.apply(x).sum().backward(create_graph=True)
+    doubling(backward).apply(x).sum().backward(create_graph=True)
     return without_ctx(rec_in)
 
 
@@ -362,16 +335,7 @@ def read_from_thread_inside_backward():
 
 @REFUSALS.scenario
 def read_raises_uncaught_in_forward_type():
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.input_grad_buffers
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
+    F = doubling(lambda ctx, g: g, in_forward=lambda ctx: ctx.input_grad_buffers)
     x = leaf([1.0])
     return outcome_of(lambda: F.apply(x))
 

@@ -19,6 +19,8 @@ from sample_functions import (
     apply_and_backward,
     declaring_function,
     declaring_scale,
+    doubling,
+    doubling_in_setup_context_style,
     func_declaring_scale,
 )
 from scenario_helpers import Section, dtype_name, error_of, grad_values, leaf, outcome_of, tensor_values
@@ -158,67 +160,46 @@ DEVIATIONS.table(  # deviation 1 of docs/deviations.md: dtypes of another kind
 )
 
 
-def _declare_in_forward(calls):
-    """y = 2x whose forward runs ``calls(ctx)``."""
-
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            calls(ctx)
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2.0
-
-    return F
-
-
-@VALIDATION.scenario
-def called_twice():
+def repeated_call_case(calls, in_setup_context=False, uncaught=False):
+    """y = 2x whose forward (with ``in_setup_context``, setup_context) runs
+    ``calls(ctx, rec)``: ``rec`` after apply and backward, or (``uncaught``)
+    the outcome of apply."""
     rec = {}
-
-    def calls(ctx):
-        ctx.set_output_grad_dtype(torch.float32)
-        rec["second"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float32))
-        rec["third_none"] = outcome_of(lambda: ctx.set_output_grad_dtype(None))
-
+    if in_setup_context:
+        F = doubling_in_setup_context_style(lambda ctx: calls(ctx, rec))
+    else:
+        F = doubling(lambda ctx, g: g * 2.0, in_forward=lambda ctx: calls(ctx, rec))
     x = leaf([1.0])
-    _declare_in_forward(calls).apply(x).sum().backward()
-    return rec
-
-
-@VALIDATION.scenario
-def called_twice_uncaught():
-    def calls(ctx):
-        ctx.set_output_grad_dtype(torch.float32)
-        ctx.set_output_grad_dtype(torch.float32)
-
-    x = leaf([1.0])
-    return outcome_of(lambda: _declare_in_forward(calls).apply(x))
-
-
-@VALIDATION.scenario
-def called_twice_forward_and_setup_context():
-    rec = {}
-
-    class F(Function):
-        @staticmethod
-        def forward(x):
-            return x * 2.0
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            ctx.set_output_grad_dtype(None)
-            rec["second"] = outcome_of(lambda: ctx.set_output_grad_dtype(None))
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * 2.0
-
-    x = leaf([1.0])
+    if uncaught:
+        return outcome_of(lambda: F.apply(x))
     F.apply(x).sum().backward()
     return rec
+
+
+def _declare_then_record_two_more(ctx, rec):
+    ctx.set_output_grad_dtype(torch.float32)
+    rec["second"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float32))
+    rec["third_none"] = outcome_of(lambda: ctx.set_output_grad_dtype(None))
+
+
+def _declare_twice(ctx, rec):
+    ctx.set_output_grad_dtype(torch.float32)
+    ctx.set_output_grad_dtype(torch.float32)
+
+
+def _declare_none_then_record_second(ctx, rec):
+    ctx.set_output_grad_dtype(None)
+    rec["second"] = outcome_of(lambda: ctx.set_output_grad_dtype(None))
+
+
+VALIDATION.table(
+    repeated_call_case,
+    {
+        "called_twice": dict(calls=_declare_then_record_two_more),
+        "called_twice_uncaught": dict(calls=_declare_twice, uncaught=True),
+        "called_twice_forward_and_setup_context": dict(calls=_declare_none_then_record_second, in_setup_context=True),
+    },
+)
 
 
 @VALIDATION.scenario
@@ -318,23 +299,16 @@ def from_setup_context():
     for k, decl in DECLARATIONS.items():
         rec = {}
 
-        class F(Function):
-            @staticmethod
-            def forward(x):
-                return x * 2.0
+        def setup_context(ctx, decl=decl):
+            if decl != OMIT:
+                ctx.set_output_grad_dtype(decl)
 
-            @staticmethod
-            def setup_context(ctx, inputs, output, decl=decl):
-                if decl != OMIT:
-                    ctx.set_output_grad_dtype(decl)
-
-            @staticmethod
-            def backward(ctx, g, rec=rec):
-                rec["bwd_dtype"] = dtype_name(g)
-                return g.float() * 2.0
+        def backward(ctx, g, rec=rec):
+            rec["bwd_dtype"] = dtype_name(g)
+            return g.float() * 2.0
 
         x = leaf([1.0, 2.0])
-        y = F.apply(x)
+        y = doubling_in_setup_context_style(setup_context, backward).apply(x)
         r = outcome_of(lambda: _one_consumer_float64(y))
         res[k] = {"rec": rec, "backward": r, **grad_values(x=x)}
     return res
@@ -389,19 +363,12 @@ def declared_dtype_under_no_grad():
 def declare_complex_for_real_return_complex():
     rec = {}
 
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.set_output_grad_dtype(torch.complex64)
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            rec["bwd_dtype"] = dtype_name(g)
-            return g * 2.0
+    def backward(ctx, g):
+        rec["bwd_dtype"] = dtype_name(g)
+        return g * 2.0
 
     x = leaf([1.0, 2.0])
-    y = F.apply(x)
+    y = doubling(backward, in_forward=lambda ctx: ctx.set_output_grad_dtype(torch.complex64)).apply(x)
     r = outcome_of(lambda: y.sum().backward())
     return {"rec": rec, "backward": r, **grad_values(x=x), "x.grad.dtype": dtype_name(x.grad)}
 
@@ -453,37 +420,31 @@ def materialized_zeros_unused_output_none_decl():
     return {"rec": rec, "backward": r}
 
 
-def _declaring_from_backward(rec, declare_in_forward, calls_in_backward):
+def call_from_backward_case(declare_in_forward, calls_in_backward, second_backward=False):
     """y = 2x whose backward calls set_output_grad_dtype(float64)
     ``calls_in_backward`` times (after declaring None in forward, with
-    ``declare_in_forward``)."""
-
-    class F(Function):
-        @staticmethod
-        def forward(ctx, x):
-            if declare_in_forward:
-                ctx.set_output_grad_dtype(None)
-            return x * 2.0
-
-        @staticmethod
-        def backward(ctx, g):
-            rec["bwd_dtype"] = dtype_name(g)
-            rec["call"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float64))
-            if calls_in_backward > 1:
-                rec["call_again"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float64))
-                return g * 2.0
-            return g.float() * 2.0
-
-    return F
-
-
-@DEVIATIONS.scenario
-def call_from_backward():
+    ``declare_in_forward``), its gradient cast to float64 on the way: what
+    backward recorded (with ``second_backward``, in each of two backwards)."""
     rec = {}
-    F = _declaring_from_backward(rec, declare_in_forward=False, calls_in_backward=2)
+
+    def in_forward(ctx):
+        if declare_in_forward:
+            ctx.set_output_grad_dtype(None)
+
+    def backward(ctx, g):
+        rec["bwd_dtype"] = dtype_name(g)
+        rec["call"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float64))
+        if calls_in_backward > 1:
+            rec["call_again"] = outcome_of(lambda: ctx.set_output_grad_dtype(torch.float64))
+            return g * 2.0
+        return g.float() * 2.0
+
     x = leaf([1.0, 2.0])
-    y = F.apply(x)
+    y = doubling(backward, in_forward).apply(x)
     z = CastGradTo.apply(y, torch.float64)
+    if not second_backward:
+        z.sum().backward()
+        return rec
     z.sum().backward(retain_graph=True)
     rec_first = dict(rec)
     rec.clear()
@@ -491,15 +452,13 @@ def call_from_backward():
     return {"first": rec_first, "second_backward": rec}
 
 
-@DEVIATIONS.scenario
-def call_from_backward_after_forward_decl():
-    rec = {}
-    F = _declaring_from_backward(rec, declare_in_forward=True, calls_in_backward=1)
-    x = leaf([1.0, 2.0])
-    y = F.apply(x)
-    z = CastGradTo.apply(y, torch.float64)
-    z.sum().backward()
-    return rec
+DEVIATIONS.table(
+    call_from_backward_case,
+    {
+        "call_from_backward": dict(declare_in_forward=False, calls_in_backward=2, second_backward=True),
+        "call_from_backward_after_forward_decl": dict(declare_in_forward=True, calls_in_backward=1),
+    },
+)
 
 
 @DEVIATIONS.scenario

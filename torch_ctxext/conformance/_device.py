@@ -183,15 +183,9 @@ PLACES = ["default stream", "side stream", "second device"]
 def place(where):
     """(device, stream to run the forward on or None) for ``where``; skips
     the test where the device has one device only."""
-    import pytest
-
-    device = _selected
     if where == "second device":
-        device = second_device()
-        if device is None:
-            pytest.skip("the device has one device only")
-        return device, None
-    return device, (new_stream(device) if where == "side stream" else None)
+        return second_device_or_skip(), None
+    return _selected, (new_stream(_selected) if where == "side stream" else None)
 
 
 def run_on(s, fn):
@@ -208,4 +202,14 @@ def second_device():
         return None
     index = _selected.index or 0
     return torch.device(_selected.type, 1 - index if index <= 1 else 0)
+
+
+def second_device_or_skip():
+    """second_device(); skips the test where the device has one device only."""
+    import pytest
+
+    device = second_device()
+    if device is None:
+        pytest.skip("the device has one device only")
+    return device
 

@@ -11,6 +11,7 @@ import runpy
 import torch
 from hypothesis import strategies as st
 from torch.autograd import Function
+from torch.autograd.function import once_differentiable
 
 # (major, minor) of the torch under test, e.g. (2, 13).
 _RELEASES = runpy.run_path(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_releases.py"))
@@ -39,6 +40,13 @@ def make_tensor(shape, dtype, seed, requires_grad=False, low=-2.0, high=2.0):
     gen = torch.Generator().manual_seed(seed)
     t = torch.rand(shape, dtype=dtype, generator=gen, device="cpu") * (high - low) + low
     return t.to(torch.empty(0).device).requires_grad_(requires_grad)
+
+
+def make_tensors(spec, n):
+    """``n`` make_tensor()s of one (shape, dtype, seed) spec, from the seeds
+    seed, seed + 1, ... (primals and their tangents, say)."""
+    shape, dtype, seed = spec
+    return [make_tensor(shape, dtype, seed + i) for i in range(n)]
 
 
 def record_calls(cls, name, calls):
@@ -129,9 +137,76 @@ def fanout(n, backward, boxed=False):
     return Fanout
 
 
+def read_error(ctx):
+    """ctx.input_grad_buffers, or the message of the RuntimeError reading it raised."""
+    try:
+        entries = ctx.input_grad_buffers
+    except RuntimeError as e:
+        return str(e)
+    return entries
+
+
 def fanout_input_grad(grads):
     """The gradient of x for fanout's outputs, given theirs."""
     return sum(g * (i + 1) for i, g in enumerate(grads))
+
+
+def once_differentiable_square(boxed=False):
+    """y = x**2 saving x, whose backward, decorated with @once_differentiable,
+    returns 2x * g (with ``boxed``, boxed_grads_call is True and g is the first
+    entry of what backward receives)."""
+
+    class OnceDifferentiableSquare(Function):
+        if boxed:  # otherwise the attribute is Function's default
+            boxed_grads_call = True
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x**2
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * x * (g[0] if boxed else g)
+
+    return OnceDifferentiableSquare
+
+
+def saving_with_nones(save, pattern, seen):
+    """y = 3x whose forward calls ``ctx.<save>`` (save_for_backward or
+    save_for_forward) with x where ``pattern`` is True and None where it is
+    False; its backward and its jvp record ctx.saved_tensors as seen["saved"]."""
+
+    class SaveWithNones(Function):
+        @staticmethod
+        def forward(ctx, x):
+            getattr(ctx, save)(*[x if is_tensor else None for is_tensor in pattern])
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            seen["saved"] = ctx.saved_tensors
+            return g * 3
+
+        @staticmethod
+        def jvp(ctx, t):
+            seen["saved"] = ctx.saved_tensors
+            return t * 3
+
+    return SaveWithNones
+
+
+def assert_saved_as_pattern(saved, pattern, x):
+    """``saved`` (a ctx.saved_tensors) holds x where ``pattern`` is True and
+    None where it is False."""
+    assert len(saved) == len(pattern)
+    for got, is_tensor in zip(saved, pattern):
+        if is_tensor:
+            assert torch.equal(got, x)
+        else:
+            assert got is None
 
 
 @st.composite

@@ -11,17 +11,16 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from torch.autograd import Function
-from torch.autograd.function import once_differentiable
 
 try:
     from ._helpers import (
         HAS_BOXED_GRADS, fanout, fanout_input_grad, float_dtypes, make_tensor,
-        record_calls, seeds, tensor_specs,
+        once_differentiable_square, record_calls, seeds, tensor_specs,
     )
 except ImportError:
     from _helpers import (
         HAS_BOXED_GRADS, fanout, fanout_input_grad, float_dtypes, make_tensor,
-        record_calls, seeds, tensor_specs,
+        once_differentiable_square, record_calls, seeds, tensor_specs,
     )
 
 pytestmark = pytest.mark.skipif(not HAS_BOXED_GRADS, reason="this torch has no boxed grads call")
@@ -163,23 +162,8 @@ def test_boxed_grads_call_defaults_to_false(spec, n):
 )
 def test_once_differentiable_makes_double_backward_raise_with_boxed_grads():
     """(save_for_backward) Custom Functions that do not support double backward should decorate their :func:`backward` method with ``@once_differentiable`` so that performing double backward raises an error."""
-
-    class OnceBoxed(Function):
-        boxed_grads_call = True
-
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x**2
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, grads):
-            (x,) = ctx.saved_tensors
-            return 2 * x * grads[0]
-
     x = torch.tensor([1.0, 2.0], requires_grad=True, dtype=torch.double)
-    y = OnceBoxed.apply(x)
+    y = once_differentiable_square(boxed=True).apply(x)
     (gx,) = torch.autograd.grad((y**2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         (gx.sum() + (x * x).sum()).backward()

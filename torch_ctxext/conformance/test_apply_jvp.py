@@ -14,9 +14,9 @@ from torch.autograd import Function
 from torch.autograd.function import FunctionCtx
 
 try:
-    from ._helpers import float_dtypes, linear_map, make_tensor, record_calls, seeds, tensor_specs
+    from ._helpers import float_dtypes, linear_map, make_tensor, make_tensors, record_calls, seeds, tensor_specs
 except ImportError:
-    from _helpers import float_dtypes, linear_map, make_tensor, record_calls, seeds, tensor_specs
+    from _helpers import float_dtypes, linear_map, make_tensor, make_tensors, record_calls, seeds, tensor_specs
 
 # torch's first use of forward AD loads jit decompositions, which warns that
 # torch.jit.script is deprecated; that is not part of the contract under test.
@@ -87,11 +87,7 @@ def test_apply_jvp_is_called_during_the_forward_under_forward_mode_ad(spec):
 @given(spec=tensor_specs())
 def test_apply_jvp_with_save_for_forward_under_forward_mode_ad(spec):
     """Apply method used when executing forward mode AD during the forward (jvp reading tensors saved with ``save_for_forward``)."""
-    shape, dtype, seed = spec
-    x = make_tensor(shape, dtype, seed)
-    y = make_tensor(shape, dtype, seed + 1)
-    xt = make_tensor(shape, dtype, seed + 2)
-    yt = make_tensor(shape, dtype, seed + 3)
+    x, y, xt, yt = make_tensors(spec, 4)
     with fwAD.dual_level():
         out = ExpMul.apply(fwAD.make_dual(x, xt), fwAD.make_dual(y, yt))
         primal, tangent = fwAD.unpack_dual(out)

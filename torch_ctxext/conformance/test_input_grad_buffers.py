@@ -295,6 +295,15 @@ def test_works_with_setup_context_style_functions():
     torch.testing.assert_close(w.grad, torch.tensor([2.0, 3.0]))
 
 
+def _assert_doubling_fuses_before_a_later_consumer(doubling):
+    """``doubling`` (y = 2x, its backward fusing 2g into x's exposed buffer)
+    applied to x, with x * 3 consumed later: x.grad is 2 + 3."""
+    x = leaf(1.0, 2.0)
+    y = doubling.apply(x)
+    (y.sum() + (x * 3).sum()).backward()
+    torch.testing.assert_close(x.grad, torch.tensor([5.0, 5.0]))
+
+
 def test_works_with_once_differentiable_backward():
     """Works with @once_differentiable."""
     class Double(Function):
@@ -310,10 +319,7 @@ def test_works_with_once_differentiable_backward():
             buffer.add_(g * 2)
             return None
 
-    x = leaf(1.0, 2.0)
-    y = Double.apply(x)
-    (y.sum() + (x * 3).sum()).backward()
-    torch.testing.assert_close(x.grad, torch.tensor([5.0, 5.0]))
+    _assert_doubling_fuses_before_a_later_consumer(Double)
 
 
 def test_works_with_boxed_grads_call_functions():
@@ -335,10 +341,7 @@ def test_works_with_boxed_grads_call_functions():
             buffer.add_(g * 2)
             return None
 
-    x = leaf(1.0, 2.0)
-    y = Boxed.apply(x)
-    (y.sum() + (x * 3).sum()).backward()
-    torch.testing.assert_close(x.grad, torch.tensor([5.0, 5.0]))
+    _assert_doubling_fuses_before_a_later_consumer(Boxed)
 
 
 @pytest.mark.parametrize(

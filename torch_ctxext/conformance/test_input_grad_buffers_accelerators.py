@@ -21,8 +21,10 @@ from torch.autograd import Function
 
 try:
     from . import _device
+    from ._helpers import read_error
 except ImportError:  # run as plain files
     import _device
+    from _helpers import read_error
 
 pytestmark = pytest.mark.accelerator
 
@@ -54,14 +56,6 @@ def make_scale(record, fuse=True):
             return gx, gw
 
     return Scale
-
-
-def read_error(ctx):
-    try:
-        entries = ctx.input_grad_buffers
-    except RuntimeError as e:
-        return str(e)
-    return entries
 
 
 def exposed(entries):
@@ -187,9 +181,7 @@ def test_a_buffer_is_refused_to_a_node_on_another_stream(where, buffer_exposure)
     stream: reading the entries raises, with 2.15's text."""
     device = _device.selected()
     if where.startswith("second device"):
-        device = _device.second_device()
-        if device is None:
-            pytest.skip("the device has one device only")
+        device = _device.second_device_or_skip()
     record = []
 
     class Scale(Function):
@@ -330,9 +322,7 @@ def test_inputs_on_two_devices_are_judged_on_their_own_devices(buffer_exposure):
     first: the input on that device is exposed; the one on the other device,
     whose slot no other producer filled, is None; both gradients exact."""
     first = _device.selected()
-    second = _device.second_device()
-    if second is None:
-        pytest.skip("the device has one device only")
+    second = _device.second_device_or_skip()
     record = []
 
     class TwoDevices(Function):

@@ -25,8 +25,10 @@ from torch.autograd.variable import Variable
 
 try:
     from . import _device
+    from ._helpers import read_error
 except ImportError:  # run as plain files
     import _device
+    from _helpers import read_error
 
 TIME_LIMIT_S = 120
 
@@ -70,14 +72,6 @@ class Reader(Function):
     def backward(ctx, g):
         ctx.on_backward(ctx)
         return g * 2, None
-
-
-def read_error(ctx):
-    try:
-        entries = ctx.input_grad_buffers
-    except RuntimeError as e:
-        return str(e)
-    return entries
 
 
 # --- post-processing --------------------------------------------------------

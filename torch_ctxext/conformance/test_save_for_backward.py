@@ -16,9 +16,15 @@ from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
 try:
-    from ._helpers import Exp, Mul, as_on_cpu, make_tensor, node_named, tensor_specs
+    from ._helpers import (
+        Exp, Mul, as_on_cpu, assert_saved_as_pattern, make_tensor, node_named, once_differentiable_square,
+        saving_with_nones, tensor_specs,
+    )
 except ImportError:
-    from _helpers import Exp, Mul, as_on_cpu, make_tensor, node_named, tensor_specs
+    from _helpers import (
+        Exp, Mul, as_on_cpu, assert_saved_as_pattern, make_tensor, node_named, once_differentiable_square,
+        saving_with_nones, tensor_specs,
+    )
 
 
 # --- Functions shared by several tests ------------------------------------
@@ -211,26 +217,8 @@ def test_save_for_backward_accepts_none(spec, pattern):
     shape, dtype, seed = spec
     x = make_tensor(shape, dtype, seed, requires_grad=True)
     seen = {}
-
-    class SaveWithNones(Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(*[x if is_tensor else None for is_tensor in pattern])
-            return x * 3
-
-        @staticmethod
-        def backward(ctx, g):
-            seen["saved"] = ctx.saved_tensors
-            return g * 3
-
-    SaveWithNones.apply(x).sum().backward()
-    saved = seen["saved"]
-    assert len(saved) == len(pattern)
-    for got, is_tensor in zip(saved, pattern):
-        if is_tensor:
-            assert torch.equal(got, x)
-        else:
-            assert got is None
+    saving_with_nones("save_for_backward", pattern, seen).apply(x).sum().backward()
+    assert_saved_as_pattern(seen["saved"], pattern, x)
     torch.testing.assert_close(x.grad, torch.full_like(x, 3).detach())
 
 
@@ -325,21 +313,8 @@ def test_saving_an_intermediary_can_break_double_backward():
 
 def test_once_differentiable_makes_double_backward_raise():
     """Custom Functions that do not support double backward should decorate their :func:`backward` method with ``@once_differentiable`` so that performing double backward raises an error."""
-
-    class Once(Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x**2
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, g):
-            (x,) = ctx.saved_tensors
-            return 2 * x * g
-
     x = torch.tensor([1.0, 2.0], requires_grad=True, dtype=torch.double)
-    y = Once.apply(x)
+    y = once_differentiable_square().apply(x)
     (gx,) = torch.autograd.grad((y**2).sum(), x, create_graph=True)
     torch.testing.assert_close(gx.detach(), 4 * x.detach() ** 3)
     with pytest.raises(RuntimeError) as e:

@@ -11,9 +11,9 @@ import torch.autograd.forward_ad as fwAD
 from hypothesis import given, settings, strategies as st
 
 try:
-    from ._helpers import make_tensor, tensor_specs
+    from ._helpers import assert_saved_as_pattern, make_tensor, make_tensors, saving_with_nones, tensor_specs
 except ImportError:
-    from _helpers import make_tensor, tensor_specs
+    from _helpers import assert_saved_as_pattern, make_tensor, make_tensors, saving_with_nones, tensor_specs
 
 # torch's first use of forward AD loads jit decompositions, which warns that
 # torch.jit.script is deprecated; that is not part of the contract under test.
@@ -97,11 +97,7 @@ def test_docstring_example_save_for_forward_func():
 @given(spec=tensor_specs())
 def test_save_for_forward_works_from_forward_or_setup_context(fn, spec):
     """``save_for_forward`` should be called at most once, in either the :func:`setup_context` or :func:`forward` methods."""
-    shape, dtype, seed = spec
-    x = make_tensor(shape, dtype, seed)
-    y = make_tensor(shape, dtype, seed + 1)
-    xt = make_tensor(shape, dtype, seed + 2)
-    yt = make_tensor(shape, dtype, seed + 3)
+    x, y, xt, yt = make_tensors(spec, 4)
     with fwAD.dual_level():
         out = fn.apply(fwAD.make_dual(x, xt), fwAD.make_dual(y, yt))
         tangent = fwAD.unpack_dual(out).tangent
@@ -173,26 +169,8 @@ def test_save_for_forward_accepts_none(spec, pattern):
     x = make_tensor(shape, dtype, seed)
     xt = make_tensor(shape, dtype, seed + 1)
     seen = {}
-
-    class SaveWithNones(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_forward(*[x if is_tensor else None for is_tensor in pattern])
-            return x * 3
-
-        @staticmethod
-        def jvp(ctx, t):
-            seen["saved"] = ctx.saved_tensors
-            return t * 3
-
     with fwAD.dual_level():
-        out = SaveWithNones.apply(fwAD.make_dual(x, xt))
+        out = saving_with_nones("save_for_forward", pattern, seen).apply(fwAD.make_dual(x, xt))
         tangent = fwAD.unpack_dual(out).tangent
-    saved = seen["saved"]
-    assert len(saved) == len(pattern)
-    for got, is_tensor in zip(saved, pattern):
-        if is_tensor:
-            assert torch.equal(got, x)
-        else:
-            assert got is None
+    assert_saved_as_pattern(seen["saved"], pattern, x)
     torch.testing.assert_close(tangent, xt * 3)

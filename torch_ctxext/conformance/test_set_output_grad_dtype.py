@@ -46,40 +46,52 @@ class ToDtype(Function):
         return g.to(ctx.dtype), None
 
 
+def _function_in_style(style, outputs, set_up, backward):
+    """A Function whose forward returns ``outputs(x)`` and whose ctx is set up
+    by ``set_up(ctx, x, output)``: in forward (``style`` "forward") or in
+    setup_context ("setup_context"); ``backward``, if given, is its backward."""
+    if style == "forward":
+
+        class SetUpInForward(Function):
+            @staticmethod
+            def forward(ctx, x):
+                output = outputs(x)
+                set_up(ctx, x, output)
+                return output
+
+        if backward is not None:
+            SetUpInForward.backward = staticmethod(backward)
+        return SetUpInForward
+
+    class SetUpInSetupContext(Function):
+        @staticmethod
+        def forward(x):
+            return outputs(x)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            set_up(ctx, inputs[0], output)
+
+    if backward is not None:
+        SetUpInSetupContext.backward = staticmethod(backward)
+    return SetUpInSetupContext
+
+
 def _scale(style, decls, scale=2.0, out_dtype=torch.float32, rec=None):
     """y = (scale * x).to(out_dtype); ``decls`` is a tuple of declarations, or
     None to omit the call. backward records the dtype it receives."""
     rec = {} if rec is None else rec
+
+    def declare(ctx, x, output):
+        if decls is not None:
+            ctx.set_output_grad_dtype(*decls)
 
     def backward(ctx, g):
         rec.setdefault("dtypes", []).append(g.dtype)
         rec.setdefault("values", []).append(g.detach().double().clone())
         return g.float() * scale
 
-    if style == "forward":
-
-        class ScaleForward(Function):
-            @staticmethod
-            def forward(ctx, x):
-                if decls is not None:
-                    ctx.set_output_grad_dtype(*decls)
-                return (x * scale).to(out_dtype)
-
-        ScaleForward.backward = staticmethod(backward)
-        return ScaleForward, rec
-
-    class ScaleSetupContext(Function):
-        @staticmethod
-        def forward(x):
-            return (x * scale).to(out_dtype)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            if decls is not None:
-                ctx.set_output_grad_dtype(*decls)
-
-    ScaleSetupContext.backward = staticmethod(backward)
-    return ScaleSetupContext, rec
+    return _function_in_style(style, lambda x: (x * scale).to(out_dtype), declare, backward), rec
 
 
 def _leaf(n=2, dtype=torch.float32):
@@ -285,27 +297,11 @@ def test_valid_declaration_does_nothing_without_grad(style, case):
     def outputs(x):
         return x * 2.0, (x * 3.0).long(), (x * 4.0).half(), "not a tensor"
 
-    if style == "forward":
+    def declare(ctx, x, output):
+        ctx.set_output_grad_dtype(*decls)
+        calls.append("declared")
 
-        class F(Function):
-            @staticmethod
-            def forward(ctx, x):
-                ctx.set_output_grad_dtype(*decls)
-                calls.append("declared")
-                return outputs(x)
-
-    else:
-
-        class F(Function):
-            @staticmethod
-            def forward(x):
-                return outputs(x)
-
-            @staticmethod
-            def setup_context(ctx, inputs, output):
-                ctx.set_output_grad_dtype(*decls)
-                calls.append("declared")
-
+    F = _function_in_style(style, outputs, declare, backward=None)  # never reached
     x = torch.tensor([1.0, 2.0])
     if case == "no_grad":
         x.requires_grad_()
@@ -374,7 +370,7 @@ def test_declared_dtype_holds_under_torch_func_grad(declared):
 def _declaring(decls, outputs, non_differentiable=(), style="forward"):
     """A Function returning ``outputs(x)`` that declares ``decls``."""
 
-    def declare(ctx, outs):
+    def declare(ctx, x, outs):
         if non_differentiable:
             ctx.mark_non_differentiable(*[outs[i] for i in non_differentiable])
         ctx.set_output_grad_dtype(*decls)
@@ -382,29 +378,7 @@ def _declaring(decls, outputs, non_differentiable=(), style="forward"):
     def backward(ctx, *grads):
         return grads[0]
 
-    if style == "forward":
-
-        class DeclaringForward(Function):
-            @staticmethod
-            def forward(ctx, x):
-                outs = outputs(x)
-                declare(ctx, outs)
-                return outs
-
-        DeclaringForward.backward = staticmethod(backward)
-        return DeclaringForward
-
-    class DeclaringSetupContext(Function):
-        @staticmethod
-        def forward(x):
-            return outputs(x)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            declare(ctx, output)
-
-    DeclaringSetupContext.backward = staticmethod(backward)
-    return DeclaringSetupContext
+    return _function_in_style(style, outputs, declare, backward)
 
 
 
@@ -414,41 +388,17 @@ def test_called_twice_raises(style):
     """This should be called at most once, from either the :func:`setup_context` or :func:`forward` methods."""
     rec = {}
 
-    def declare_twice(ctx):
+    def declare_twice(ctx, x, output):
         ctx.set_output_grad_dtype(None)
         with pytest.raises(RuntimeError) as e:
             ctx.set_output_grad_dtype(torch.float64)
         rec["error"] = str(e.value)
 
-    if style == "forward":
+    def backward(ctx, g):
+        rec["dtype"] = g.dtype
+        return g * 2.0
 
-        class F(Function):
-            @staticmethod
-            def forward(ctx, x):
-                declare_twice(ctx)
-                return x * 2.0
-
-            @staticmethod
-            def backward(ctx, g):
-                rec["dtype"] = g.dtype
-                return g * 2.0
-
-    else:
-
-        class F(Function):
-            @staticmethod
-            def forward(x):
-                return x * 2.0
-
-            @staticmethod
-            def setup_context(ctx, inputs, output):
-                declare_twice(ctx)
-
-            @staticmethod
-            def backward(ctx, g):
-                rec["dtype"] = g.dtype
-                return g * 2.0
-
+    F = _function_in_style(style, lambda x: x * 2.0, declare_twice, backward)
     F.apply(_leaf()).backward(torch.ones(2, dtype=torch.float16))
     expecttest.assert_expected_inline(
         rec["error"], """set_output_grad_dtype can only be called once"""
@@ -693,7 +643,8 @@ def _random_function(specs, style, rec):
                 outs.append(s.c)
         return outs[0] if single else tuple(outs)
 
-    def declare(ctx, output):
+    def declare(ctx, x, output):
+        ctx.shape, ctx.device = x.shape, x.device
         outs = (output,) if single else output
         if nondiff:
             ctx.mark_non_differentiable(*[outs[i] for i in nondiff])
@@ -708,31 +659,7 @@ def _random_function(specs, style, rec):
                 gx = gx + g.double() * s.c
         return gx.to(torch.float32)
 
-    if style == "forward":
-
-        class RandomForward(Function):
-            @staticmethod
-            def forward(ctx, x):
-                ctx.shape, ctx.device = x.shape, x.device
-                output = outputs(x)
-                declare(ctx, output)
-                return output
-
-        RandomForward.backward = staticmethod(backward)
-        return RandomForward
-
-    class RandomSetupContext(Function):
-        @staticmethod
-        def forward(x):
-            return outputs(x)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            ctx.shape, ctx.device = inputs[0].shape, inputs[0].device
-            declare(ctx, output)
-
-    RandomSetupContext.backward = staticmethod(backward)
-    return RandomSetupContext
+    return _function_in_style(style, outputs, declare, backward)
 
 
 @given(function_specs())

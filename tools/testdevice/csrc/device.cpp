@@ -244,15 +244,29 @@ PyObject* py_current_device(PyObject*, PyObject*) {
   return PyLong_FromLong(current_index);
 }
 
-PyObject* py_set_device(PyObject*, PyObject* arg) {
-  const long index = PyLong_AsLong(arg);
-  if (index == -1 && PyErr_Occurred()) {
-    return nullptr;
+// The device index `arg` names, or false with a Python error set: arg is no
+// int, or names no device (ValueError; with `say_count`, it tells how many
+// devices there are).
+bool parse_device_index(PyObject* arg, long* index, bool say_count) {
+  *index = PyLong_AsLong(arg);
+  if (*index == -1 && PyErr_Occurred()) {
+    return false;
   }
-  if (index < 0 || index >= kDeviceCount) {
-    PyErr_Format(PyExc_ValueError,
-                 "testdevice: no device %ld: the test device has %d devices", index,
-                 static_cast<int>(kDeviceCount));
+  if (*index >= 0 && *index < kDeviceCount) {
+    return true;
+  }
+  if (say_count) {
+    PyErr_Format(PyExc_ValueError, "testdevice: no device %ld: the test device has %d devices",
+                 *index, static_cast<int>(kDeviceCount));
+  } else {
+    PyErr_Format(PyExc_ValueError, "testdevice: no device %ld", *index);
+  }
+  return false;
+}
+
+PyObject* py_set_device(PyObject*, PyObject* arg) {
+  long index = 0;
+  if (!parse_device_index(arg, &index, /*say_count=*/true)) {
     return nullptr;
   }
   current_index = static_cast<c10::DeviceIndex>(index);
@@ -275,12 +289,8 @@ bool parse_device_stream(PyObject* args, int* index, long long* id) {
 
 // current_stream_id(index) -> the calling thread's current stream on that device
 PyObject* py_current_stream_id(PyObject*, PyObject* arg) {
-  const long index = PyLong_AsLong(arg);
-  if (index == -1 && PyErr_Occurred()) {
-    return nullptr;
-  }
-  if (index < 0 || index >= kDeviceCount) {
-    PyErr_Format(PyExc_ValueError, "testdevice: no device %ld", index);
+  long index = 0;
+  if (!parse_device_index(arg, &index, /*say_count=*/false)) {
     return nullptr;
   }
   return PyLong_FromLongLong(current_streams[index]);
@@ -300,12 +310,8 @@ PyObject* py_exchange_stream_id(PyObject*, PyObject* args) {
 
 // new_stream_id(index) -> a stream from the device's pool
 PyObject* py_new_stream_id(PyObject*, PyObject* arg) {
-  const long index = PyLong_AsLong(arg);
-  if (index == -1 && PyErr_Occurred()) {
-    return nullptr;
-  }
-  if (index < 0 || index >= kDeviceCount) {
-    PyErr_Format(PyExc_ValueError, "testdevice: no device %ld", index);
+  long index = 0;
+  if (!parse_device_index(arg, &index, /*say_count=*/false)) {
     return nullptr;
   }
   return PyLong_FromLongLong(pool_stream(c10::Device(kType, static_cast<c10::DeviceIndex>(index))).id());
