@@ -26,7 +26,7 @@ namespace torch_ctxext {
 
 // Which of the rules below an accumulation breaks, with what it compared:
 // the getter and the engine hook raise it as torch 2.15's text
-// (refusal_message), explain() hands it to Python as fields.
+// (refusal_message), explain() hands it to Python as fields and that message.
 struct Refusal {
   enum class Kind {
     kDevice,                 // the buffer and the gradient on two devices

@@ -145,10 +145,13 @@ py::object stream_fields(const std::optional<c10::Stream>& stream) {
   return py::make_tuple(printed(stream->device()), stream->id());
 }
 
-// A refusal's fields, under the names torch_ctxext/_explain.py phrases it by.
+// A refusal's fields, under the names torch_ctxext/_explain.py phrases it
+// by, and "message": the error a read raises (torch 2.15's text, written once,
+// by refusal_message, which the getter and the engine hook raise).
 py::dict refusal_fields(const torch_ctxext::Refusal& r) {
   using Kind = torch_ctxext::Refusal::Kind;
   py::dict d;
+  d["message"] = torch_ctxext::refusal_message(r);
   switch (r.kind) {
     case Kind::kDevice:
       d["kind"] = "device";

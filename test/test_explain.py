@@ -398,6 +398,7 @@ def test_a_slot_on_another_stream_is_refused_and_the_text_quotes_the_error(on_th
         "consumer_stream": stream("testdevice:0", side),
         "accumulation_stream": stream("testdevice:0", side),
         "ready_stream": stream("testdevice:0", 0),
+        "message": seen["read"],
     }
     assert seen["read"].startswith("Direct InputBuffer accumulation requires the same stream")
     assert seen["text"] == (
@@ -413,6 +414,7 @@ def test_a_cpu_buffer_on_the_device_thread_is_refused_with_the_streams_it_saw(on
         "kind": "streams_present",
         "producer_stream_present": True,
         "consumer_stream_present": False,
+        "message": seen["read"],
     }
     assert seen["read"] == (
         "Direct InputBuffer accumulation for a non-accelerator buffer requires producer and "
@@ -434,7 +436,7 @@ def test_a_slot_exposed_on_another_engine_thread_is_refused_naming_both_threads(
     assert on_the_device["exposing"] == "exposed"
     assert seen["code"] == "refused"
     detail = seen["detail"]
-    assert detail["kind"] == "thread" and set(detail) == {"kind", "exposing_thread", "accessing_thread"}
+    assert detail["kind"] == "thread" and set(detail) == {"kind", "exposing_thread", "accessing_thread", "message"}
     assert detail["exposing_thread"] != detail["accessing_thread"]
     assert seen["read"] == (
         "Direct InputBuffer accumulation requires the same autograd engine thread, but the "

@@ -46,7 +46,8 @@ __all__ = ["explain", "Reason", "Explanation", "BufferReport", "FunctionBufferSt
 # explain_input_grad_buffers) or from Python (_python_reason, build_reasons);
 # the placeholders are the detail's fields: {owners} (other owners of the
 # gradient or its storage; {s} pluralizes), {argument} (the argument given the
-# buffer), {refusal} (the error a read raises, from _REFUSAL), {version}.
+# buffer), {refusal} (the error a read raises: the refusal's "message", the extension's
+# own text), {version}.
 _TEXT = {
     "exposed": (
         "exposed",
@@ -121,53 +122,6 @@ _TEXT = {
     ),
 }
 
-# The error a read raises for each kind of refusal (the detail's "kind"):
-# torch 2.15's texts (input_buffer.cpp), which the getter raises as
-# csrc/direct_accumulation.cpp's refusal_message writes them, quoted by the
-# "refused" sentence. A stream field is (device, stream id).
-_REFUSAL = {
-    "device": (
-        "Direct InputBuffer accumulation requires the buffer and gradient to be on "
-        "the same device, but the buffer is on {buffer_device} and the gradient is "
-        "on {gradient_device}"
-    ),
-    "thread": (
-        "Direct InputBuffer accumulation requires the same autograd engine thread, "
-        "but the buffer was exposed on thread {exposing_thread} and is now being "
-        "accessed on thread {accessing_thread}"
-    ),
-    "slot_streams_unrecorded": (
-        "torch_ctxext: the engine recorded no accumulation or ready stream for this "
-        "accelerator buffer, so direct accumulation into it cannot be validated"
-    ),
-    "streams_absent": (
-        "Direct InputBuffer accumulation for an accelerator buffer requires producer "
-        "and consumer streams, but got producer stream present: "
-        "{producer_stream_present:d} and consumer stream present: "
-        "{consumer_stream_present:d}"
-    ),
-    "stream": (
-        "Direct InputBuffer accumulation requires the same stream, but got producer "
-        "{producer_stream}, consumer {consumer_stream}, accumulation "
-        "{accumulation_stream}, and ready {ready_stream}"
-    ),
-    "streams_present": (
-        "Direct InputBuffer accumulation for a non-accelerator buffer requires "
-        "producer and consumer streams to be absent, but got producer stream "
-        "present: {producer_stream_present:d} and consumer stream present: "
-        "{consumer_stream_present:d}"
-    ),
-}
-
-
-def _refusal_text(detail):
-    """The error a read raises, for a "refused" reason's detail."""
-    fields = {
-        name: f"stream {value[1]} on device {value[0]}" if name.endswith("_stream") else value
-        for name, value in detail.items()
-    }
-    return _REFUSAL[detail["kind"]].format(**fields)
-
 
 # Entries that are None because there is nothing to fuse, not a fallback.
 NOT_APPLICABLE = frozenset(
@@ -228,7 +182,7 @@ def _reason(index, code, detail=None, note=""):
         **detail,
         "s": "" if owners == 1 else "s",
         "version": torch.__version__,
-        "refusal": _refusal_text(detail) if code == "refused" else None,
+        "refusal": detail.get("message"),
     }
     return Reason(index, code, text.format(**fmt) + note, label.format(**fmt), owners, detail)
 

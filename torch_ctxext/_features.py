@@ -180,7 +180,6 @@ def routes():
     compatibility notes; :func:`features` says who provides what.
     """
     status = features()
-    ext = _loaded_extension()
     result = {}
     for name in MEMBERS:
         if name in OTHER_COPY:
@@ -190,7 +189,7 @@ def routes():
         elif status[name].startswith("unavailable"):
             result[name] = "unavailable"
         else:
-            result[name] = _route(name, ext)
+            result[name] = _route(name)
     return result
 
 
@@ -233,8 +232,8 @@ def _loaded_extension():
     return sys.modules.get("torch_ctxext._C")
 
 
-def _route(name, ext):
-    old_side = dict(ext.boundaries) if ext is not None else {}
+def _route(name):
+    old_side = boundaries() or {}
     if name == "input_grad_buffers":
         rule = "adjusted_use_count" if old_side.get("STEALABLE_BY_USE_COUNT") else "is_tensor_stealable"
         route = f"GraphTask InputBuffer slots, in-place rule {rule}"
