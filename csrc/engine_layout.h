@@ -13,7 +13,6 @@
 #include <torch/csrc/autograd/function.h>  // node.h from 2.13; function.h on all
 #include <torch/csrc/autograd/python_function.h>
 
-#include <ATen/CachedTensorUtils.h>
 #include <ATen/DeviceAccelerator.h>
 #include <torch/csrc/autograd/input_buffer.h>
 #include <torch/csrc/autograd/input_metadata.h>
@@ -104,6 +103,18 @@
     !defined(TORCH_CTXEXT_OLD_ACCELERATOR_API)
 #error "torch_ctxext: a release boundary macro is not defined: build with setup.py or torch_ctxext's own build, which define them from torch_ctxext/_releases.py"
 #endif
+
+// Declared as ATen/CachedTensorUtils.h declares them (unchanged from 2.6 to
+// 2.15), instead of including it: that header includes ATen/ATen.h, whose
+// every-operator ATen/Functions.h cost each translation unit about 3 s of a
+// 16 s compile, a fifth of a first import (and, with AT_PER_OPERATOR_HEADERS,
+// the build's other headers include only the operators they use:
+// _ext/sources.py). A changed signature leaves an undefined symbol, which
+// the in-process load check of a new build reports.
+namespace at::caching {
+TORCH_API bool is_cached_tensor(const at::Tensor& t);
+TORCH_API size_t adjusted_use_count(const at::Tensor& t);
+}  // namespace at::caching
 
 namespace torch_ctxext {
 

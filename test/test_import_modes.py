@@ -187,3 +187,27 @@ def test_an_import_under_any_mode_installs_every_backported_member(case):
     features = json.loads(result.stdout.splitlines()[-1])
     assert {m: features[m] for m in BACKPORTED} == {m: "torch_ctxext" for m in BACKPORTED}
     assert "ExtensionUnavailableWarning" not in result.stderr, result.stderr
+
+
+# functorch's thread-local state: absent until something uses functorch, and
+# copied into every graph task (and every captured ThreadLocalState) once it
+# exists. The import's probes clear functorch's interpreter stack, which
+# creates it; an importer that had none must be left with none (else every
+# backward of the process pays for the copy), and one that had it keeps it.
+FUNCTORCH_STATE_CASES = {
+    "an_importer_without_it_is_left_without_it": ("", False),
+    "an_importer_with_it_keeps_it": ("torch.func.vmap(lambda x: x * 2)(torch.ones(2, 2))", True),
+}
+
+
+@needs_extension
+@pytest.mark.parametrize("case", list(FUNCTORCH_STATE_CASES))
+def test_an_import_leaves_functorchs_thread_state_as_it_found_it(case):
+    before, expected = FUNCTORCH_STATE_CASES[case]
+    script = (
+        "import torch\n" + before + "\nimport torch_ctxext\n"
+        "print(torch_ctxext._C.functorch_tls_exists())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd="/", timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == str(expected)

