@@ -141,60 +141,77 @@ def collect(python=None, rounds=20):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def first_import_per_release(pythons):
+def first_import_per_release(pythons, rounds=3):
     """The first import (the build for a new torch) on each interpreter's
-    torch, from an empty build cache, one after another: wall clock of
-    ``python -c "import torch_ctxext"`` on a sources-only copy of this
-    checkout's package, the build's own seconds (build.json), what it
+    torch, from an empty build cache, ``rounds`` times, the releases taken
+    in turn within each round (so that a slow spell of the machine is
+    shared out): wall clock of ``python -c "import torch_ctxext"`` on a
+    sources-only copy of this checkout's package (the median of the rounds,
+    and every round's), the build's own seconds (build.json), what it
     compiled, and the load average before and after (other load only adds
     time). A torch that needs nothing of the extension builds nothing."""
-    rows = []
-    for python in pythons:
-        work = tempfile.mkdtemp(prefix="torch_ctxext-bench-build-")
-        try:
-            sources, cache = os.path.join(work, "site"), os.path.join(work, "cache")
-            _sources_only_copy(sources)
-            env = _env(sources, cache)
-            version = _run(python, "import torch; print(torch.__version__)", env)[1].stdout.strip()
-            bench.log(f"first import on torch {version}: empty cache")
-            load_before = os.getloadavg()
-            first, result = _run(python, "import torch_ctxext", env)
-            load_after = os.getloadavg()
-            builds = os.path.join(cache, "builds")
-            keys = [d for d in os.listdir(builds) if os.path.isdir(os.path.join(builds, d))] if os.path.isdir(builds) else []
-            record = {}
-            if keys:
-                with open(os.path.join(builds, keys[0], "build.json")) as f:
-                    record = json.load(f)
-            import_torch = min(_run(python, "import torch", env)[0] for _ in range(3))
-            rows.append({
-                "torch": version,
-                "first_import_s": first,
-                "import_torch_s": import_torch,
-                "build_s": record.get("seconds"),
-                "sources": record.get("sources", []),
-                "units": sum(line.startswith("torch_ctxext: [") for line in result.stderr.splitlines()) - 1 if keys else 0,
-                "load_average_before": load_before[0],
-                "load_average_after": load_after[0],
-                "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            })
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return rows
+    rows = {}
+    for _ in range(rounds):
+        for python in pythons:
+            run = _first_import_once(python)
+            row = rows.setdefault(python, {**run, "runs": []})
+            row["runs"].append({k: run[k] for k in ("first_import_s", "build_s", "load_average_before", "load_average_after")})
+    for row in rows.values():
+        row["first_import_s"] = statistics.median(r["first_import_s"] for r in row["runs"])
+        builds = [r["build_s"] for r in row["runs"] if r["build_s"] is not None]
+        row["build_s"] = statistics.median(builds) if builds else None
+        row["load_average_before"] = max(r["load_average_before"] for r in row["runs"])
+        row["load_average_after"] = max(r["load_average_after"] for r in row["runs"])
+    return list(rows.values())
+
+
+def _first_import_once(python):
+    work = tempfile.mkdtemp(prefix="torch_ctxext-bench-build-")
+    try:
+        sources, cache = os.path.join(work, "site"), os.path.join(work, "cache")
+        _sources_only_copy(sources)
+        env = _env(sources, cache)
+        version = _run(python, "import torch; print(torch.__version__)", env)[1].stdout.strip()
+        bench.log(f"first import on torch {version}: empty cache")
+        load_before = os.getloadavg()
+        first, result = _run(python, "import torch_ctxext", env)
+        load_after = os.getloadavg()
+        builds = os.path.join(cache, "builds")
+        keys = [d for d in os.listdir(builds) if os.path.isdir(os.path.join(builds, d))] if os.path.isdir(builds) else []
+        record = {}
+        if keys:
+            with open(os.path.join(builds, keys[0], "build.json")) as f:
+                record = json.load(f)
+        import_torch = min(_run(python, "import torch", env)[0] for _ in range(3))
+        return {
+            "torch": version,
+            "first_import_s": first,
+            "import_torch_s": import_torch,
+            "build_s": record.get("seconds"),
+            "sources": record.get("sources", []),
+            "units": sum(line.startswith("torch_ctxext: [") for line in result.stderr.splitlines()) - 1 if keys else 0,
+            "load_average_before": load_before[0],
+            "load_average_after": load_after[0],
+            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def builds_table(rows):
     """The first import on each release, as a Markdown table."""
     out = [
-        "| torch | first import (empty cache) | of which the build | compiled | `import torch` alone | load average (1 min) before / after | date |",
+        "| torch | first import (empty cache): median (every round) | of which the build | compiled | `import torch` alone | load average (1 min), highest before / after | date |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: bench.release_key(r["torch"])):
         built = (f"{r['build_s']:.1f} s" if r["build_s"] is not None else "no build")
+        runs = r.get("runs", [])
+        every = " (" + ", ".join(f"{run['first_import_s']:.1f}" for run in runs) + ")" if len(runs) > 1 else ""
         compiled = (f"{r['units']} units: " + ", ".join(f"`{s}`" for s in r["sources"])) if r["sources"] else "nothing"
         out.append(
-            f"| {r['torch']} | {r['first_import_s']:.1f} s | {built} | {compiled} | {r['import_torch_s']:.1f} s "
+            f"| {r['torch']} | {r['first_import_s']:.1f} s{every} | {built} | {compiled} | {r['import_torch_s']:.1f} s "
             f"| {r['load_average_before']:.1f} / {r['load_average_after']:.1f} | {r['date']} |"
         )
     return "\n".join(out)

@@ -13,6 +13,7 @@ import os
 import bench_boxed_memory
 import bench_check_function
 import bench_fused
+import bench_idle_instructions
 import bench_import
 import bench_model
 import bench_overhead
@@ -33,6 +34,14 @@ def verdicts(results):
             r = results["idle"][key]["ratio"]
             ok = "within" if r <= 1.02 else "**outside**"
             lines.append(f"* Idle cost, {what}: {r:.3f}, {ok} the 2% target.")
+    if "idle_instructions" in results:
+        rows = results["idle_instructions"]
+        worst = max(rows.values(), key=lambda r: r["ratio"])
+        ok = "within" if worst["ratio"] <= 1.02 else "**outside**"
+        lines.append(
+            f"* Idle cost in instructions (callgrind, {len(rows)} releases): at most "
+            f"{worst['ratio']:.3f} (torch {worst['torch']}), {ok} the 2% target."
+        )
     if "read" in results and "excess_over_native" in results["read"]:
         read = results["read"]
         r = read["excess_over_native"]["ratio"]
@@ -228,6 +237,18 @@ def render_page(results, command):
             bench_releases.idle_releases_table(results),
             "",
         ]
+    if "idle_instructions" in results:
+        lines += [
+            "## Idle cost in instructions, on each supported torch",
+            "",
+            "The wall-time ratios above vary by far more than the 2% target from one "
+            "round to the next on a shared machine; instruction counts do not. "
+            "`run_all.py --remeasure instructions`:",
+            "",
+            bench_idle_instructions.table(results["idle_instructions"]),
+            "",
+            *_measured_by(bench_idle_instructions),
+        ]
     if "fused" in results:
         lines += [
             "## Fused gradient accumulation",
@@ -304,8 +325,8 @@ def render_page(results, command):
             "## The first import on each release: the build",
             "",
             "`python -c \"import torch_ctxext\"` on a sources-only copy of this checkout's "
-            "package with an empty build cache (`run_all.py --remeasure builds`, one release after "
-            "another): what a user waits for once per torch. The sources are compiled in at most "
+            "package with an empty build cache (`run_all.py --remeasure builds`: three rounds, the "
+            "releases in turn within each round): what a user waits for once per torch. The sources are compiled in at most "
             "two generated translation units (`torch_ctxext/_ext/sources.py`), leaving out those "
             "whose member the torch provides; torch 2.15 needs nothing and builds nothing. "
             "Other load on the machine only adds time: the load average is given.",

@@ -17,6 +17,7 @@ own, which measures and tabulates its results:
     bench_boxed_memory.py    boxed grads freed early: peak memory (with --torch-2-12)
     bench_check_function.py  torch_ctxext.testing.check_function's own time
     bench_import.py          the first import (the build) and the import from the cache
+    bench_idle_instructions.py  the idle cost counted in instructions (callgrind), per release
 
 bench.py holds what they share (worker processes alternated side by side,
 see its docstring; statistics) and is the entry of the processes they start;
@@ -62,6 +63,11 @@ not fit on the disk together can be measured one after another
 cache on 2.13, ``--torch-2-15`` and each of ``--other-releases``, and merges
 the rows release by release.
 
+``--remeasure instructions`` counts the idle cost in instructions under
+callgrind (bench_idle_instructions.py: free of the machine's noise; about 4
+minutes per release) on ``--torch-2-13`` and each of ``--other-releases``
+(this interpreter where neither is given), and merges
+the rows release by release.
 ``--install`` adds the install figures to a full run (bench_import.py:
 the first import, which builds the extension, and the import from the build
 cache; one build, 2 to 3 minutes on 2 cores).
@@ -80,6 +86,7 @@ import bench  # noqa: E402
 import bench_boxed_memory  # noqa: E402
 import bench_check_function  # noqa: E402
 import bench_fused  # noqa: E402
+import bench_idle_instructions  # noqa: E402
 import bench_import  # noqa: E402
 import bench_model  # noqa: E402
 import bench_overhead  # noqa: E402
@@ -204,14 +211,16 @@ def parse_args(argv):
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
     )
     parser.add_argument(
-        "--remeasure", choices=["check_function", "model", "install", "releases", "read", "builds"], action="append", default=[],
+        "--remeasure", choices=["check_function", "model", "install", "releases", "read", "builds", "instructions"], action="append", default=[],
         help="with --from-json: measure this part again (with --torch-2-13 / this "
         "interpreter and --torch-2-15 where given) and keep the rest of the earlier "
         "results; 'model' is the shared-layer model (benchmarks/bench_model.py, 5 to 8 "
         "minutes, needs --torch-2-15); 'releases' the idle and read cost on each of "
         "--other-releases (read against --torch-2-15), merged release by release; "
         "'read' the read cost on 2.13 against --torch-2-15; 'builds' the first import "
-        "(the build) from an empty cache on 2.13, --torch-2-15 and each of --other-releases",
+        "(the build) from an empty cache on 2.13, --torch-2-15 and each of --other-releases; "
+        "'instructions' the idle cost in instructions (callgrind) on 2.13 and each of "
+        "--other-releases",
     )
     return parser, parser.parse_args(argv)
 
@@ -236,6 +245,9 @@ def remeasure(results, args, parser):
         rows = {r["torch"]: r for r in results.get("build_releases", [])}
         rows.update({r["torch"]: r for r in bench_import.first_import_per_release(pythons)})
         results["build_releases"] = list(rows.values())
+    if "instructions" in args.remeasure:
+        pythons = [p for p in [args.torch_2_13] if p] + [p.partition(":")[0] for p in args.other_releases or []]
+        results.setdefault("idle_instructions", {}).update(bench_idle_instructions.collect(pythons or [sys.executable]))
     if "releases" in args.remeasure:
         if not args.other_releases:
             parser.error("--remeasure releases needs --other-releases")

@@ -9,7 +9,8 @@
 #                                     tests; the compatibility matrix regenerated from the
 #                                     reports;
 #                                     --bench also measures each release's idle and read
-#                                     cost into docs/benchmarks.json
+#                                     cost (and, with valgrind, the idle cost in
+#                                     instructions) into docs/benchmarks.json
 #   bash tools/run.sh docs            build the documentation site (warnings are errors)
 #
 # Virtual environments are cached outside the clone, in $TORCH_CTXEXT_CACHE
@@ -276,8 +277,11 @@ matrix)
         tail -n 1 "$out/test-$version.log"
         t2=$(date +%s)
         if $bench; then
+            # The idle cost in instructions too, where valgrind is installed
+            # (benchmarks/bench_idle_instructions.py: wall time is too noisy).
             "$bench_python" "$root/benchmarks/run_all.py" --from-json "$root/docs/benchmarks.json" \
-                --remeasure releases --other-releases "$venv/bin/python" \
+                --remeasure releases $(command -v valgrind >/dev/null && echo --remeasure instructions) \
+                --other-releases "$venv/bin/python" \
                 --torch-2-15 "$native_python" >"$out/bench-$version.log" 2>&1 \
                 || { cat "$out/bench-$version.log"; exit 1; }
         fi

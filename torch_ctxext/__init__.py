@@ -7,7 +7,7 @@ what.
 
 The members it adds need its C++ extension, built for the running torch: at
 install where pip could see torch, else by the first import, once, into a
-cache (about a minute; ``python -m torch_ctxext info`` says which build is
+cache (about 20 s on 2 cores; ``python -m torch_ctxext info`` says which build is
 loaded). If no build can be made here, the import still succeeds, warns once
 saying why, and :func:`features` reports those members unavailable.
 """

@@ -53,8 +53,9 @@ ENV_JIT = "TORCH_CTXEXT_JIT"
 ENV_TIMEOUT = "TORCH_CTXEXT_BUILD_TIMEOUT"
 REBUILD = "python -m torch_ctxext build --force"
 # How long an import waits for another process's build of the same extension.
-# A build takes about a minute on 2 idle cores and was measured at 2.5 min on
-# a loaded 2-core CI machine; 600 s is four times that. A builder that has not
+# A build takes 15 to 20 s on 2 idle cores (docs/benchmarks.md) and was
+# measured at 2.5 min on a loaded 2-core CI machine when it took a minute on
+# idle ones; 600 s is four times that. A builder that has not
 # finished by then is almost certainly stuck (stopped with Ctrl-Z, hung on a
 # network filesystem) rather than slow, and a waiter is better off importing
 # without the members than hanging the job. Waiting processes all time out
@@ -774,7 +775,7 @@ def _build_holding_the_lock(reason, force, csrc, root, key, log, failed):
     _say(
         f"building its C++ extension for torch {torch.__version__} "
         f"(git {(torch.version.git_version or 'unknown')[:12]}): {reason}. "
-        f"About a minute, once; later imports load it from {root}. Log: {log}"
+        f"About 20 s on 2 cores, once; later imports load it from {root}. Log: {log}"
     )
     partial = tempfile.mkdtemp(prefix=key + ".partial-", dir=root)
     start = time.monotonic()

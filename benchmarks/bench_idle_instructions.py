@@ -1,0 +1,160 @@
+"""Idle cost counted in instructions: what ``import torch_ctxext`` costs a
+Function that uses nothing new, free of the machine's noise.
+
+    python benchmarks/run_all.py --from-json FILE --remeasure instructions \\
+                                 [--torch-2-13 PY] [--other-releases PY...]
+
+On a shared 2-core machine the idle cost in wall time (bench_overhead.py) has
+a 10th-90th percentile range of 0.7 to 1.4 around a ratio the target wants
+within 1.02: the noise is twenty times the effect. Counting instructions is
+deterministic. Each release's python runs one small Function's forward and
+backward (bench_overhead's ``Plain``: save_for_backward, one op each way)
+under valgrind's callgrind, with and without ``import torch_ctxext`` (the
+torch_ctxext of that environment, built before counting), for
+``SHORT`` and ``LONG`` iterations; the difference between the two counts,
+divided by the difference in iterations, is the cost of one step, with the
+start of the interpreter, the imports and the first steps cancelled out.
+BLAS and OpenMP get one thread (OpenBLAS's idle threads spin, and their
+spinning would be counted).
+
+Instructions are not time (a cache miss costs more than an add), but every
+cost the import could add on the idle path (a Python-level wrapper, a hook
+in the engine, state copied into every graph task) executes instructions;
+that is how the functorch state left by the import's probes was found
+(torch 2.14: 219.1k instructions per step with the import against 212.8k
+without; 210.3k once the probes dropped it again).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import bench
+
+SHORT, LONG = 100, 1100
+
+# One process: torch, then (with_import) torch_ctxext, then the steps.
+SCRIPT = """
+import sys
+import torch
+torch.set_num_threads(1)
+if sys.argv[1] == "1":
+    import torch_ctxext
+sys.path.insert(0, sys.argv[3])
+from bench_overhead import _plain_function
+plain = _plain_function()
+x = torch.ones(16, requires_grad=True)
+for _ in range(int(sys.argv[2])):
+    plain.apply(x).sum().backward()
+"""
+
+
+def available():
+    """None if callgrind can run here, else why not."""
+    return None if shutil.which("valgrind") else "valgrind is not installed"
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+def _count(python, with_import, iterations, work):
+    """Instructions callgrind counts in one process (the whole process)."""
+    out = os.path.join(work, f"callgrind.{int(with_import)}.{iterations}")
+    script = os.path.join(work, "steps.py")
+    with open(script, "w") as f:
+        f.write(SCRIPT)
+    return subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", python, script,
+         "1" if with_import else "0", str(iterations), os.path.dirname(bench.HERE)],
+        env=_env(), cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    ), out
+
+
+def _total(path):
+    with open(path) as f:
+        for line in f:
+            match = re.match(r"(?:summary|totals):\s*(\d+)", line)
+            if match:
+                return int(match.group(1))
+    raise RuntimeError(f"no instruction total in {path}")
+
+
+def measure(python):
+    """{"torch", "features", "without", "with" (instructions per step),
+    "ratio"} for one environment's python: four callgrind runs, two at a
+    time (one per core)."""
+    probe = subprocess.run(
+        [python, "-c", "import json, torch, torch_ctxext; "
+         "print(json.dumps([torch.__version__, torch_ctxext.features()]))"],
+        env=_env(), capture_output=True, text=True, cwd=tempfile.gettempdir(),
+    )  # also builds torch_ctxext for this torch if its cache has no build yet
+    if probe.returncode != 0:
+        raise RuntimeError(f"{python}: import torch_ctxext failed:\n{probe.stderr}")
+    import json
+
+    version, features = json.loads(probe.stdout.splitlines()[-1])
+    work = tempfile.mkdtemp(prefix="torch_ctxext-bench-instructions-")
+    counts = {}
+    try:
+        for with_import in (False, True):
+            runs = [_count(python, with_import, n, work) for n in (SHORT, LONG)]
+            for (process, out), n in zip(runs, (SHORT, LONG)):
+                if process.wait() != 0:
+                    raise RuntimeError(f"callgrind failed on {python}:\n{process.stderr.read()[-2000:]}")
+                counts[(with_import, n)] = _total(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    per_step = {
+        side: (counts[(flag, LONG)] - counts[(flag, SHORT)]) / (LONG - SHORT)
+        for side, flag in (("without", False), ("with", True))
+    }
+    return {
+        "torch": version,
+        "features": features,
+        **per_step,
+        "ratio": per_step["with"] / per_step["without"],
+        "iterations": [SHORT, LONG],
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def collect(pythons):
+    """measure() on each python, one after another: {torch version: row}."""
+    why_not = available()
+    if why_not:
+        raise RuntimeError(f"cannot count instructions: {why_not}")
+    rows = {}
+    for python in pythons:
+        bench.log(f"instructions: {python}")
+        row = measure(python)
+        rows[row["torch"]] = row
+        bench.log(f"instructions on torch {row['torch']}: {row['with'] / 1e3:.1f}k with, "
+                  f"{row['without'] / 1e3:.1f}k without ({row['ratio']:.3f})")
+    return rows
+
+
+def table(rows):
+    """The Markdown table of the page."""
+    out = [
+        "| torch | provided by torch_ctxext | instructions per forward+backward: without / with `import torch_ctxext` | with / without (target ≤ 1.02) | date |",
+        "|---|---|---|---|---|",
+    ]
+    for version, r in sorted(rows.items(), key=lambda kv: bench.release_key(kv[0])):
+        provided = ", ".join(
+            f"`{m}`" for m, how in sorted(r["features"].items()) if how == "torch_ctxext"
+        ) or "nothing"
+        out.append(
+            f"| {version} | {provided} | {r['without'] / 1e3:.1f}k / {r['with'] / 1e3:.1f}k "
+            f"| {r['ratio']:.3f} | {r['date']} |"
+        )
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # one environment, printed: python bench_idle_instructions.py PYTHON...
+    print(table(collect(sys.argv[1:] or [sys.executable])))
