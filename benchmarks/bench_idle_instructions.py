@@ -2,7 +2,7 @@
 Function that uses nothing new, free of the machine's noise.
 
     python benchmarks/run_all.py --from-json FILE --remeasure instructions \\
-                                 [--torch-2-13 PY] [--other-releases PY...]
+                                 [--torch-2-13 PY] [--other-releases PY[:DIR]...]
 
 On a shared 2-core machine the idle cost in wall time (bench_overhead.py) has
 a 10th-90th percentile range of 0.7 to 1.4 around a ratio the target wants
@@ -10,12 +10,13 @@ within 1.02: the noise is twenty times the effect. Counting instructions is
 deterministic. Each release's python runs one small Function's forward and
 backward (bench_overhead's ``Plain``: save_for_backward, one op each way)
 under valgrind's callgrind, with and without ``import torch_ctxext`` (the
-torch_ctxext of that environment, built before counting), for
+torch_ctxext of that environment, or of DIR, first on PYTHONPATH, for
+``PY:DIR``; built before counting), for
 ``SHORT`` and ``LONG`` iterations; the difference between the two counts,
 divided by the difference in iterations, is the cost of one step, with the
 start of the interpreter, the imports and the first steps cancelled out.
 BLAS and OpenMP get one thread (OpenBLAS's idle threads spin, and their
-spinning would be counted).
+spinning would be counted), and Python one hash seed.
 
 Instructions are not time (a cache miss costs more than an add), but every
 cost the import could add on the idle path (a Python-level wrapper, a hook
@@ -34,7 +35,11 @@ import time
 
 import bench
 
-SHORT, LONG = 100, 1100
+# A long run's 4000 more steps: what differs once between two processes (a
+# garbage collection, a lazy import that one of them happens to trigger)
+# moves the per-step figure by a 4000th of itself. With 1000 more steps,
+# one-time differences of 0.9M instructions were seen (0.4% of a step).
+SHORT, LONG = 100, 4100
 
 # One process: torch, then (with_import) torch_ctxext, then the steps.
 SCRIPT = """
@@ -57,13 +62,17 @@ def available():
     return None if shutil.which("valgrind") else "valgrind is not installed"
 
 
-def _env():
+def _env(path=None):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if path:
+        env["PYTHONPATH"] = path
+    # One hash seed for every run: string hashes decide how many probes each
+    # dict lookup takes, which moves a count by up to 1% from run to run.
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
     return env
 
 
-def _count(python, with_import, iterations, work):
+def _count(python, with_import, iterations, work, path):
     """Instructions callgrind counts in one process (the whole process)."""
     out = os.path.join(work, f"callgrind.{int(with_import)}.{iterations}")
     script = os.path.join(work, "steps.py")
@@ -72,7 +81,7 @@ def _count(python, with_import, iterations, work):
     return subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", python, script,
          "1" if with_import else "0", str(iterations), os.path.dirname(bench.HERE)],
-        env=_env(), cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=_env(path), cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     ), out
 
 
@@ -85,14 +94,15 @@ def _total(path):
     raise RuntimeError(f"no instruction total in {path}")
 
 
-def measure(python):
+def measure(entry):
     """{"torch", "features", "without", "with" (instructions per step),
-    "ratio"} for one environment's python: four callgrind runs, two at a
-    time (one per core)."""
+    "ratio"} for one environment's python (``PY`` or ``PY:DIR``): four
+    callgrind runs, two at a time (one per core)."""
+    python, _, path = entry.partition(":")
     probe = subprocess.run(
         [python, "-c", "import json, torch, torch_ctxext; "
          "print(json.dumps([torch.__version__, torch_ctxext.features()]))"],
-        env=_env(), capture_output=True, text=True, cwd=tempfile.gettempdir(),
+        env=_env(path), capture_output=True, text=True, cwd=tempfile.gettempdir(),
     )  # also builds torch_ctxext for this torch if its cache has no build yet
     if probe.returncode != 0:
         raise RuntimeError(f"{python}: import torch_ctxext failed:\n{probe.stderr}")
@@ -103,7 +113,7 @@ def measure(python):
     counts = {}
     try:
         for with_import in (False, True):
-            runs = [_count(python, with_import, n, work) for n in (SHORT, LONG)]
+            runs = [_count(python, with_import, n, work, path) for n in (SHORT, LONG)]
             for (process, out), n in zip(runs, (SHORT, LONG)):
                 if process.wait() != 0:
                     raise RuntimeError(f"callgrind failed on {python}:\n{process.stderr.read()[-2000:]}")
@@ -125,7 +135,7 @@ def measure(python):
 
 
 def collect(pythons):
-    """measure() on each python, one after another: {torch version: row}."""
+    """measure() on each ``PY`` or ``PY:DIR``, one after another: {torch version: row}."""
     why_not = available()
     if why_not:
         raise RuntimeError(f"cannot count instructions: {why_not}")

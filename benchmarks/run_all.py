@@ -246,7 +246,7 @@ def remeasure(results, args, parser):
         rows.update({r["torch"]: r for r in bench_import.first_import_per_release(pythons)})
         results["build_releases"] = list(rows.values())
     if "instructions" in args.remeasure:
-        pythons = [p for p in [args.torch_2_13] if p] + [p.partition(":")[0] for p in args.other_releases or []]
+        pythons = [p for p in [args.torch_2_13] if p] + list(args.other_releases or [])
         results.setdefault("idle_instructions", {}).update(bench_idle_instructions.collect(pythons or [sys.executable]))
     if "releases" in args.remeasure:
         if not args.other_releases:
