@@ -25,6 +25,7 @@ that is how the functorch state left by the import's probes was found
 (torch 2.14: 219.1k instructions per step with the import against 212.8k
 without; 210.3k once the probes dropped it again).
 """
+import json
 import os
 import re
 import shutil
@@ -72,17 +73,20 @@ def _env(path=None):
     return env
 
 
-def _count(python, with_import, iterations, work, path):
-    """Instructions callgrind counts in one process (the whole process)."""
+def _start(python, with_import, iterations, work, path):
+    """Start callgrind on ``work``/steps.py in one process; returns the
+    process and the files its counts and its stderr go to (files, not pipes:
+    two runs are waited for one after the other, and a full pipe would stall
+    the second)."""
     out = os.path.join(work, f"callgrind.{int(with_import)}.{iterations}")
-    script = os.path.join(work, "steps.py")
-    with open(script, "w") as f:
-        f.write(SCRIPT)
-    return subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", python, script,
-         "1" if with_import else "0", str(iterations), os.path.dirname(bench.HERE)],
-        env=_env(path), cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    ), out
+    with open(out + ".stderr", "w") as err:
+        process = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", python,
+             os.path.join(work, "steps.py"), "1" if with_import else "0", str(iterations),
+             os.path.dirname(bench.HERE)],
+            env=_env(path), cwd=work, stdout=subprocess.DEVNULL, stderr=err,
+        )
+    return process, out
 
 
 def _total(path):
@@ -106,19 +110,24 @@ def measure(entry):
     )  # also builds torch_ctxext for this torch if its cache has no build yet
     if probe.returncode != 0:
         raise RuntimeError(f"{python}: import torch_ctxext failed:\n{probe.stderr}")
-    import json
-
     version, features = json.loads(probe.stdout.splitlines()[-1])
     work = tempfile.mkdtemp(prefix="torch_ctxext-bench-instructions-")
-    counts = {}
+    with open(os.path.join(work, "steps.py"), "w") as f:
+        f.write(SCRIPT)
+    counts, runs = {}, []
     try:
         for with_import in (False, True):
-            runs = [_count(python, with_import, n, work, path) for n in (SHORT, LONG)]
+            runs = [_start(python, with_import, n, work, path) for n in (SHORT, LONG)]
             for (process, out), n in zip(runs, (SHORT, LONG)):
                 if process.wait() != 0:
-                    raise RuntimeError(f"callgrind failed on {python}:\n{process.stderr.read()[-2000:]}")
+                    with open(out + ".stderr") as err:
+                        raise RuntimeError(f"callgrind failed on {python}:\n{err.read()[-2000:]}")
                 counts[(with_import, n)] = _total(out)
     finally:
+        for process, _ in runs:  # the other run of a pair that failed
+            if process.poll() is None:
+                process.kill()
+                process.wait()
         shutil.rmtree(work, ignore_errors=True)
     per_step = {
         side: (counts[(flag, LONG)] - counts[(flag, SHORT)]) / (LONG - SHORT)
