@@ -6,10 +6,15 @@ that torch is importable here:
 
 * it is (``pip install --no-build-isolation .``, ``pip wheel
   --no-build-isolation .``, ``python -m build --wheel --no-isolation``): the
-  extension is compiled now, and the wheel declares the exact torch it was
-  built for, as its requirement (``torch==2.13.0+cpu``) and, built from a
-  checkout, in a local version tag (``0.1.0+torch2.13.0.cpu``), like the
-  per-torch wheels of other extensions;
+  extension is compiled now (and its layout verified against that torch, in
+  a child process: the verdict is installed beside it), and the wheel
+  declares the exact torch it was built for, as its requirement (the
+  installed distribution's version: ``torch==2.13.0+cpu``, or
+  ``torch==2.12.1`` for PyPI's CUDA wheels, whose ``torch.__version__`` is
+  ``2.12.1+cu130``) and, built from a checkout, in a local version tag
+  (``0.1.0+torch2.13.0.cpu``, ``0.1.0+torch2.12.1.cu130``: from
+  ``torch.__version__``, so that builds for different torch builds are told
+  apart), like the per-torch wheels of other extensions;
 * it is not (pip's default build isolation, where it would have to download a
   torch of its own, never the one you run): the Python sources and csrc/ are
   installed, and the first import builds the extension for the running torch
@@ -31,20 +36,36 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VERSION = "0.1.0"
 
 
-def _load_sources_module():
-    """torch_ctxext/_ext/sources.py, without importing the package (which needs
+def _load_by_path(name, relative):
+    """A module of the package, without importing the package (which needs
     torch and the extension)."""
-    path = os.path.join(HERE, "torch_ctxext", "_ext", "sources.py")
-    spec = importlib.util.spec_from_file_location("_torch_ctxext_sources", path)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "torch_ctxext", *relative.split("/")))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_sources = _load_sources_module()
+_sources = _load_by_path("_torch_ctxext_sources", "_ext/sources.py")
 # The supported torch releases (torch_ctxext/_releases.py, which _sources loads).
 _releases = _sources._releases
 SUPPORTED = _releases.requirement()
+
+
+def _verify_layout(library):
+    """Verify the new build's layout against this torch in a child process
+    (torch_ctxext/_ext/layout_verdict.py) and install the verdict beside it,
+    so that its first import only reads it. Where it cannot be made here,
+    the first import makes it."""
+    verdict = _load_by_path("_torch_ctxext_layout_verdict", "_ext/layout_verdict.py")
+    try:
+        record = verdict.verify(library)
+    except verdict.ProbeNotRun as e:
+        _notice(f"the layout of the new build was not verified ({e}); its first import verifies it.")
+        return
+    verdict.write(os.path.join(os.path.dirname(library), verdict.verdict_name(library)), record)
+    found = record["found"]
+    _notice("the new build reads this torch's structures as its headers say." if not found
+            else f"the new build does not read this torch's structures as its headers say: {found}")
 
 
 def _notice(message):
@@ -77,6 +98,23 @@ def torch_to_build_against():
         _notice(f"torch {torch.__version__} is not supported (torch{SUPPORTED}): installing the sources only.")
         return None
     return torch
+
+
+def torch_requirement(torch):
+    """The requirement on torch of a build compiled against ``torch``: the
+    version of its installed distribution, which pip compares against, not
+    ``torch.__version__``: PyPI's CUDA wheels say ``2.12.1+cu130`` at run
+    time but are installed as ``2.12.1`` (the CPU wheels as ``2.13.0+cpu``
+    both ways; a torch built from source as its own ``2.13.0a0+git...``).
+    A torch without distribution metadata (a source tree on the path) gets
+    the supported range: pip could not match a pin against it, and the
+    import loads the build only into the torch it was built for anyway."""
+    from importlib import metadata
+
+    try:
+        return f"torch=={metadata.version('torch')}"
+    except metadata.PackageNotFoundError:
+        return f"torch{SUPPORTED}"
 
 
 def local_version_label(torch_version):
@@ -120,6 +158,7 @@ def extension_build(torch):
                         f"TORCH_VERSION = {torch.__version__!r}\n"
                         f"TORCH_GIT_VERSION = {torch.version.git_version!r}\n"
                     )
+                _verify_layout(self.get_ext_fullpath(ext.name))
 
     ext = CppExtension(
         name="torch_ctxext._C",
@@ -148,7 +187,7 @@ else:
     # Built from an sdist, pip insists that the version matches the file name.
     from_sdist = os.path.exists(os.path.join(HERE, "PKG-INFO"))
     version = VERSION if from_sdist else f"{VERSION}+{local_version_label(torch.__version__)}"
-    requires_torch = f"torch=={torch.__version__}"
+    requires_torch = torch_requirement(torch)
     _notice(f"the C++ extension is compiled against torch {torch.__version__} ({torch.__file__}).")
 
 setup(

@@ -24,8 +24,9 @@ They are prefixed because this plugin is loaded into every pytest run of the
 environment, where a project's own ``--device`` must not clash with ours.
 A device whose backend a Python module registers (``--ctx-device-module``,
 or torch_ctxext's own test device) has that module imported here, at
-configure time: before torch_ctxext is imported, since the autograd engine
-starts no thread for a backend registered after the first backward().
+configure time: before anything in the run can start the autograd engine,
+which starts no thread for a backend registered after the first backward().
+(Importing torch_ctxext runs no backward: it may come before or after.)
 """
 import importlib
 import os

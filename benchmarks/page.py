@@ -15,6 +15,7 @@ import bench_check_function
 import bench_fused
 import bench_idle_instructions
 import bench_import
+import bench_import_cost
 import bench_model
 import bench_overhead
 import bench_releases
@@ -319,6 +320,22 @@ def render_page(results, command):
                 for paragraph in bench_import.__doc__.split("\n\n")[3:]
             ],
             "",
+        ]
+    if "import_cost" in results:
+        r = results["import_cost"]
+        lines += [
+            "## The import's own cost: reading a verdict instead of running the probe",
+            "",
+            f"Measured {r['date']} (load average {r['load_average'][0]:.2f} at the end), "
+            f"torch {r['torch']} (git {r['torch_git'][:12]}), {r['rounds']} rounds, by "
+            f"`benchmarks/bench_import_cost.py` (`run_all.py --remeasure import_cost --against "
+            f"{r['against']}`): the import of this checkout, which reads the build's layout "
+            f"verdict, against the import of {r['against']}, which ran the layout probe (a "
+            "forward and two backwards) in the importing process.",
+            "",
+            bench_import_cost.table(r),
+            "",
+            *_measured_by(bench_import_cost),
         ]
     if "build_releases" in results:
         lines += [

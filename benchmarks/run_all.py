@@ -17,6 +17,7 @@ own, which measures and tabulates its results:
     bench_boxed_memory.py    boxed grads freed early: peak memory (with --torch-2-12)
     bench_check_function.py  torch_ctxext.testing.check_function's own time
     bench_import.py          the first import (the build) and the import from the cache
+    bench_import_cost.py     the import's own cost against an earlier revision (--against)
     bench_idle_instructions.py  the idle cost counted in instructions (callgrind), per release
 
 bench.py holds what they share (worker processes alternated side by side,
@@ -68,6 +69,10 @@ callgrind (bench_idle_instructions.py: free of the machine's noise; about 4
 minutes per release) on ``--torch-2-13`` and each of ``--other-releases``
 (this interpreter where neither is given), and merges
 the rows release by release.
+``--remeasure import_cost --against REV`` measures ``import torch_ctxext``
+(from a warm build cache) for this checkout and for revision REV side by
+side (bench_import_cost.py), and what finding the layout verdict costs.
+
 ``--install`` adds the install figures to a full run (bench_import.py:
 the first import, which builds the extension, and the import from the build
 cache; one build, 2 to 3 minutes on 2 cores).
@@ -88,6 +93,7 @@ import bench_check_function  # noqa: E402
 import bench_fused  # noqa: E402
 import bench_idle_instructions  # noqa: E402
 import bench_import  # noqa: E402
+import bench_import_cost  # noqa: E402
 import bench_model  # noqa: E402
 import bench_overhead  # noqa: E402
 import bench_releases  # noqa: E402
@@ -211,7 +217,8 @@ def parse_args(argv):
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
     )
     parser.add_argument(
-        "--remeasure", choices=["check_function", "model", "install", "releases", "read", "builds", "instructions"], action="append", default=[],
+        "--remeasure", choices=["check_function", "model", "install", "releases", "read", "builds", "instructions", "import_cost"],
+        action="append", default=[],
         help="with --from-json: measure this part again (with --torch-2-13 / this "
         "interpreter and --torch-2-15 where given) and keep the rest of the earlier "
         "results; 'model' is the shared-layer model (benchmarks/bench_model.py, 5 to 8 "
@@ -220,8 +227,10 @@ def parse_args(argv):
         "'read' the read cost on 2.13 against --torch-2-15; 'builds' the first import "
         "(the build) from an empty cache on 2.13, --torch-2-15 and each of --other-releases; "
         "'instructions' the idle cost in instructions (callgrind) on 2.13 and each of "
-        "--other-releases",
+        "--other-releases; 'import_cost' the import against the revision --against",
     )
+    parser.add_argument("--against", metavar="REV", default="HEAD~1",
+                        help="the earlier revision --remeasure import_cost compares the import with")
     return parser, parser.parse_args(argv)
 
 
@@ -248,6 +257,9 @@ def remeasure(results, args, parser):
     if "instructions" in args.remeasure:
         pythons = [p for p in [args.torch_2_13] if p] + list(args.other_releases or [])
         results.setdefault("idle_instructions", {}).update(bench_idle_instructions.collect(pythons or [sys.executable]))
+    if "import_cost" in args.remeasure:
+        results["import_cost"] = bench_import_cost.collect(args.torch_2_13, args.against,
+                                                           rounds=5 if results["quick"] else 20)
     if "releases" in args.remeasure:
         if not args.other_releases:
             parser.error("--remeasure releases needs --other-releases")

@@ -24,6 +24,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/object_ptr.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -236,30 +237,65 @@ variable_list boxed_apply(Node* self, variable_list&& inputs) {
   return apply_boxed(self, ctx, std::move(inputs));
 }
 
+// Whether `vtable` is PyNode's: its RTTI, one slot before the first virtual
+// function, names the type, and its apply slot points into libtorch_python.
+// PyNode::apply itself is not an exported symbol.
+bool is_pynode_vtable(void** vtable, size_t slot) {
+  const auto* type = reinterpret_cast<const std::type_info*>(vtable[-1]);
+  Dl_info info;
+  return type != nullptr &&
+      std::strcmp(type->name(), "N5torch8autograd6PyNodeE") == 0 &&
+      dladdr(vtable[slot], &info) != 0 && info.dli_fname != nullptr &&
+      std::strstr(info.dli_fname, "libtorch_python") != nullptr;
+}
+
+// Where libtorch_python is loaded in this process.
+char* libtorch_python_base() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&THPVariableClass), &info) == 0 ||
+      info.dli_fbase == nullptr) {
+    throw std::runtime_error("torch_ctxext: libtorch_python is not loaded");
+  }
+  return static_cast<char*>(info.dli_fbase);
+}
+
+[[noreturn]] void no_pynode_vtable() {
+  throw std::runtime_error(
+      "torch_ctxext: could not find PyNode::apply in the vtable of this "
+      "torch build; boxed_grads_call is unavailable");
+}
+
 }  // namespace
 
-void install_boxed_grads_path(PyObject* sample_ctx) {
-  Node* node = node_of(as_ctx(sample_ctx, "install_boxed_grads_path"));
+std::ptrdiff_t pynode_vtable_offset(PyObject* sample_ctx) {
+  Node* node = node_of(as_ctx(sample_ctx, "pynode_vtable_offset"));
   if (node == nullptr) {
     throw std::invalid_argument("torch_ctxext: the sample ctx has no node");
   }
   void** vtable = *reinterpret_cast<void***>(node);
   const size_t slot = apply_slot();
+  if (vtable[slot] != reinterpret_cast<void*>(&boxed_apply) &&
+      !is_pynode_vtable(vtable, slot)) {
+    no_pynode_vtable();
+  }
+  return reinterpret_cast<char*>(vtable) - libtorch_python_base();
+}
+
+void install_boxed_grads_path(std::ptrdiff_t vtable_offset) {
+  char* base = libtorch_python_base();
+  void** vtable = reinterpret_cast<void**>(base + vtable_offset);
+  // The offset comes from the layout verdict of this very libtorch_python
+  // (keyed by its build id); still, look before reading through it.
+  Dl_info info;
+  if (dladdr(vtable, &info) == 0 || info.dli_fbase != base) {
+    no_pynode_vtable();
+  }
+  const size_t slot = apply_slot();
   if (vtable[slot] == reinterpret_cast<void*>(&boxed_apply)) {
     return;
   }
-  // Refuse unless this is PyNode's vtable (its RTTI, one slot before the
-  // first virtual function, names the type) and the slot points into
-  // libtorch_python. PyNode::apply itself is not an exported symbol.
-  const auto* type = reinterpret_cast<const std::type_info*>(vtable[-1]);
-  Dl_info info;
-  if (type == nullptr ||
-      std::strcmp(type->name(), "N5torch8autograd6PyNodeE") != 0 ||
-      dladdr(vtable[slot], &info) == 0 || info.dli_fname == nullptr ||
-      std::strstr(info.dli_fname, "libtorch_python") == nullptr) {
-    throw std::runtime_error(
-        "torch_ctxext: could not find PyNode::apply in the vtable of this "
-        "torch build; boxed_grads_call is unavailable");
+  if (!is_pynode_vtable(vtable, slot)) {
+    no_pynode_vtable();
   }
   original_apply = reinterpret_cast<ApplyFn>(vtable[slot]);
   write_code_pointer(&vtable[slot], reinterpret_cast<void*>(&boxed_apply));
@@ -267,7 +303,11 @@ void install_boxed_grads_path(PyObject* sample_ctx) {
 
 #else  // torch >= 2.13 has boxed_grads_call natively
 
-void install_boxed_grads_path(PyObject*) {
+std::ptrdiff_t pynode_vtable_offset(PyObject*) {
+  throw std::logic_error("torch_ctxext: boxed grads are native on this torch");
+}
+
+void install_boxed_grads_path(std::ptrdiff_t) {
   throw std::logic_error("torch_ctxext: boxed grads are native on this torch");
 }
 

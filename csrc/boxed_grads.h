@@ -2,12 +2,21 @@
 
 #include "engine_layout.h"
 
+#include <cstddef>
+
 namespace torch_ctxext {
 
-// Route every PyNode::apply through torch_ctxext's boxed path, found from the
-// node of `sample_ctx` (any live custom-Function ctx). For a boxed Function
-// the engine's call then reaches ctx.apply_boxed(grads), as on torch 2.13.
+// Where PyNode's vtable lies in libtorch_python: its offset from the
+// library's load address, from the node of `sample_ctx` (any live
+// custom-Function ctx). The layout probe, in a child process, records it in
+// the build's layout verdict, keyed by libtorch_python's build id.
+std::ptrdiff_t pynode_vtable_offset(PyObject* sample_ctx);
+
+// Route every PyNode::apply through torch_ctxext's boxed path, PyNode's
+// vtable being at `vtable_offset` in libtorch_python (checked: its RTTI
+// names PyNode). For a boxed Function the engine's call then reaches
+// ctx.apply_boxed(grads), as on torch 2.13. Nothing of autograd runs.
 // Idempotent.
-void install_boxed_grads_path(PyObject* sample_ctx);
+void install_boxed_grads_path(std::ptrdiff_t vtable_offset);
 
 }  // namespace torch_ctxext

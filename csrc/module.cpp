@@ -304,9 +304,11 @@ PYBIND11_MODULE(_C, m) {
       py::arg("ctx"));
 #if TORCH_CTXEXT_NO_NATIVE_BOXED_GRADS  // boxed_grads.cpp is compiled up to 2.12 only
   m.def(
-      "install_boxed_grads_path",
-      [](py::handle ctx) { torch_ctxext::install_boxed_grads_path(ctx.ptr()); },
+      "pynode_vtable_offset",
+      [](py::handle ctx) { return torch_ctxext::pynode_vtable_offset(ctx.ptr()); },
       py::arg("sample_ctx"));
+  m.def("install_boxed_grads_path", &torch_ctxext::install_boxed_grads_path,
+        py::arg("vtable_offset"));
 #endif
   m.def("arm_reentrancy_guard", [](py::object variable_class, py::object ensure) {
     Py_XSETREF(::variable_class, variable_class.release().ptr());
@@ -345,16 +347,14 @@ PYBIND11_MODULE(_C, m) {
     d["output_shape"] = f.output_shape;
     return d;
   });
-  // Whether this thread has functorch's thread-local state, and dropping it:
-  // the layout probes run under functorch-clearing modes, which create it,
-  // and once it exists every graph task and every captured ThreadLocalState
-  // deep-copies it (about 1.2k instructions and two allocations more per
-  // forward+backward of a small Function, measured with callgrind on torch
-  // 2.14). An importer that had none is left with none, as torch left it.
+  // Whether this thread has functorch's thread-local state: once it exists,
+  // every graph task and every captured ThreadLocalState deep-copies it
+  // (about 1.2k instructions and two allocations more per forward+backward of
+  // a small Function, measured with callgrind on torch 2.14). The import
+  // must not create it (tests).
   m.def("functorch_tls_exists", []() {
     return at::functorch::getCopyOfFuncTorchTLS() != nullptr;
   });
-  m.def("drop_functorch_tls", []() { at::functorch::setFuncTorchTLS(nullptr); });
   m.def("read_task_layout", []() {
     const auto f = torch_ctxext::read_task_layout();
     py::dict d;

@@ -283,3 +283,74 @@ def test_a_compile_error_is_remembered_and_info_says_until_when(tmp_path):
     assert ANNOUNCE not in info.stderr
     assert ("build failure  remembered (a compile error): later imports report it without "
             "compiling until `python -m torch_ctxext build --force`\n") in info.stdout
+
+
+# --------------------------------------------------------------------------
+# An importer killed while it builds
+# --------------------------------------------------------------------------
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
+
+
+KILLS = {
+    "SIGKILL": lambda pid: os.kill(pid, signal.SIGKILL),  # the out-of-memory killer, kill -9
+    "SIGTERM": lambda pid: os.kill(pid, signal.SIGTERM),  # a scheduler's polite kill
+    "SIGKILL to its process group": lambda pid: os.killpg(pid, signal.SIGKILL),  # a job's processes
+}
+
+
+@NEEDS_EXTENSION
+@pytest.mark.parametrize("kill", list(KILLS))
+@pytest.mark.parametrize("helpers", ["ninja file written here", "load() in a child"])
+def test_an_importer_killed_while_it_builds_leaves_no_compiler_running_and_no_partial_build(tmp_path, kill, helpers):
+    """The build's processes end with the importer, and its private
+    directory goes with them (build.py's promise), whatever killed it."""
+    if helpers == "load() in a child" and kill != "SIGKILL":
+        pytest.skip("one kill is enough for the second path: the same supervisor runs both")
+    cache, compilers = tmp_path / "cache", tmp_path / "compilers"
+    slow = compiler(tmp_path, "slow-c++", f"echo $$ >> {compilers}; sleep 300; exit 1")
+    prefix = "import torch.utils.cpp_extension as c; del c._write_ninja_file_to_build_library\n" if helpers != "ninja file written here" else ""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
+    environment.update(TORCH_CTXEXT_CACHE=str(cache), CXX=slow)
+    importer = subprocess.Popen([sys.executable, "-c", prefix + "import torch_ctxext"], cwd="/", env=environment,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (compilers.exists() and compilers.read_text().strip()) and time.monotonic() < deadline:
+        assert importer.poll() is None, "the import ended before its build compiled"
+        time.sleep(0.2)
+    time.sleep(1)  # every unit's compile has started
+    pids = [int(p) for p in compilers.read_text().split()]
+    assert pids and all(_alive(p) for p in pids)
+    KILLS[kill](importer.pid)
+    importer.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+        any(_alive(p) for p in pids) or glob.glob(str(cache / "builds" / "*.partial-*"))
+    ):
+        time.sleep(0.2)
+    assert [p for p in pids if _alive(p)] == [], "compilers still running after the importer was killed"
+    assert glob.glob(str(cache / "builds" / "*.partial-*")) == []
+
+
+@NEEDS_EXTENSION
+@pytest.mark.parametrize("record", ["", "{", "[]", '{"message": 1, "when": "now"}', "\x00\x01"])
+def test_a_failure_record_that_cannot_be_read_is_no_record_and_the_build_runs_again(lock, tmp_path, record):
+    """An empty or corrupt ``<key>.failed`` (a full disk, an edit) does not
+    make the import raise: the build runs, and records its own failure."""
+    cache, path = lock
+    failed = path[: -len(".lock")] + ".failed"
+    with open(failed, "w") as f:
+        f.write(record)
+    result = run(FEATURES, TORCH_CTXEXT_CACHE=cache, CXX=failing(tmp_path))
+    reason = next(iter(unavailable(result).values()))
+    assert result.stderr.count(ANNOUNCE) == 1
+    assert "failing-c++: error: this compiler always fails" in reason
+    with open(failed) as f:
+        assert "this compiler always fails" in json.load(f)["message"]

@@ -15,7 +15,9 @@
 The subprocess cases run the package the subprocesses find (the installed
 one, or the one $PYTHONPATH names), like test_build_lock.py.
 """
+import contextlib
 import glob
+import io
 import os
 import re
 import subprocess
@@ -212,3 +214,29 @@ def test_a_build_without_its_record_is_not_loaded_and_the_next_import_builds_aga
     result = run(FEATURES, TORCH_CTXEXT_CACHE=cache, CXX=failing(tmp_path))
     assert result.stderr.count(ANNOUNCE) == 1
     assert "failing-c++: error: this compiler always fails" in next(iter(unavailable(result).values()))
+
+
+def test_progress_names_each_compiled_source_even_under_a_path_with_a_space(tmp_path):
+    """ninja quotes a path with a space in the commands it prints; the
+    progress line still names the source each step compiled."""
+    from torch_ctxext._ext import build as _build
+    from torch_ctxext._ext import sources as _sources
+
+    partial = tmp_path / "a cache with spaces" / "build.partial-x"
+    partial.mkdir(parents=True)
+    units = _sources.write_units(_sources.csrc_dir(), str(partial), torch.__version__)
+    flags = _sources.jit_cflags(torch.__version__, torch.version.git_version)
+    arguments = _build._write_ninja_file(str(partial), units, flags, _sources.extra_link_args())
+    dry_run = subprocess.run([_build._find_ninja(), "-n", *arguments], cwd=partial, capture_output=True, text=True)
+    assert dry_run.returncode == 0, dry_run.stdout + dry_run.stderr
+    progress = _build._Progress()
+    progress.tty = False
+    with contextlib.redirect_stderr(io.StringIO()) as said:
+        for step in filter(None, map(_build._STEP.match, dry_run.stdout.splitlines())):
+            progress.step(int(step.group(1)), int(step.group(2)), step.group(3))
+    total = len(units) + 1
+    shown = said.getvalue().splitlines()
+    assert [line.split("] ", 1)[0] for line in shown] == [f"torch_ctxext: [{i}/{total}" for i in range(1, total + 1)]
+    what = [line.split("] ", 1)[1] for line in shown]
+    assert sorted(what[:-1]) == sorted(f"compiled {os.path.basename(u)}" for u in units)
+    assert what[-1] == "linked _C.so"

@@ -54,10 +54,16 @@ def first_import(user_env, installed_from_source, tmp_path_factory):
     while not glob.glob(str(builds / "*.partial-*" / "build.ninja")) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2)  # the compilers are running
-    os.killpg(victim.pid, signal.SIGKILL)
+    under_way = glob.glob(str(builds / "*.partial-*"))
+    os.killpg(victim.pid, signal.SIGKILL)  # the job's processes, the importer's group
     victim.wait()
+    deadline = time.monotonic() + 60  # the build's supervisor ends the build, removes its directory
+    while (glob.glob(str(builds / "*.partial-*")) or _processes_using(under_way)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     runs["killed"] = {
         "returncode": victim.returncode,
+        "under_way": under_way,
+        "compilers_left": _processes_using(under_way),
         "entries": sorted(os.listdir(builds)),
         "lock_free": _lock_free(builds),
         "import_without_jit": run([user_env.python, "-c", "import torch_ctxext"],
@@ -79,6 +85,21 @@ def first_import(user_env, installed_from_source, tmp_path_factory):
     runs["entries_after"] = sorted(os.listdir(builds))
     runs["cache"] = cache
     return runs
+
+
+def _processes_using(directories):
+    """The processes whose command line names one of ``directories`` (the
+    compilers of a build there)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if any(d in command for d in directories):
+            found.append(int(pid))
+    return found
 
 
 def _lock_free(builds):
@@ -137,14 +158,30 @@ def test_the_first_import_says_what_it_builds_and_why_then_shows_progress(first_
 def test_a_build_killed_half_way_leaves_nothing_a_later_import_would_load(first_import):
     killed = first_import["killed"]
     assert killed["returncode"] == -signal.SIGKILL
-    assert [e for e in killed["entries"] if ".partial-" in e], killed["entries"]  # it was under way
+    assert killed["under_way"]  # the build was under way when the importer was killed ...
+    assert killed["compilers_left"] == []  # ... its compilers went with it, and its directory
+    assert not [e for e in killed["entries"] if ".partial-" in e], killed["entries"]
     assert not [e for e in killed["entries"] if re.fullmatch(r"torch-[^/]*-[0-9a-f]{16}", e)]
     assert killed["lock_free"]
     refused = killed["import_without_jit"]
     assert refused.returncode == 1
     assert "ImportError: torch_ctxext's C++ extension has not been built for torch" in refused.stderr
-    # The next import built and loaded; the remains are gone.
+    # The next import built and loaded; nothing is left over.
     assert not [e for e in first_import["entries_after"] if ".partial-" in e]
+
+
+@needs_extension
+def test_the_build_verifies_its_layout_once_and_keeps_the_verdict_beside_it(first_import):
+    """In the build step, in a child process: the imports that load the
+    build, the one that built it included, only read the verdict."""
+    (build,) = [p for p in glob.glob(str(first_import["cache"] / "builds" / "torch-*")) if os.path.isdir(p)]
+    (verdict,) = glob.glob(os.path.join(build, "layout-*.json"))
+    with open(verdict) as f:
+        assert json.load(f)["found"] == {}
+    with open(build + ".log") as f:
+        assert "torch_ctxext: layout verified in " in f.read()
+    for _, _, err in first_import["race"]:
+        assert "verifying that its extension reads" not in err
 
 
 @needs_extension

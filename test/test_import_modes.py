@@ -1,13 +1,15 @@
 """``import torch_ctxext`` whatever modes the importing code is in.
 
-The import runs probes (the layout probe of ``_layout_check``, the sample
-ctx of ``_boxed_grads`` on torch < 2.13) that build a small autograd graph
-and run its backward. An import can happen anywhere: under ``no_grad`` or
+The import runs nothing of autograd (test_import_leaves_the_process.py):
+the layout is verified once per build, in a child process, and on torch <
+2.13 the boxed-grads path is found from PyNode's vtable symbol; only where a
+torch build does not export that symbol does it apply a sample Function
+(a forward, no backward). An import can happen anywhere: under ``no_grad`` or
 ``inference_mode``, lazily inside a custom backward, under autocast, a
 TorchDispatchMode, FakeTensorMode, a functorch transform, while Dynamo
 traces a frame, from a helper thread. In every case the members torch_ctxext
 backports are installed, the importer's modes are as they were after the
-import, and the importer's modes see none of the probes' operations.
+import, and the importer's modes see none of the import's operations.
 
 Each case imports torch_ctxext in a fresh subprocess (this process imported
 it long ago); the subprocess loads the build this process loaded, from the
@@ -104,6 +106,22 @@ CASES = {
             return x * 2
 
         assert f(torch.ones(2)).tolist() == [2.0, 2.0]
+        """,
+    "a_strict_torch_function_mode": """
+        # A mode that allows nothing sees nothing of the import, and the
+        # import still installs every member (not: unavailable, "layout").
+        from torch.overrides import TorchFunctionMode
+
+        class Strict(TorchFunctionMode):
+            seen = []
+
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                self.seen.append(getattr(func, "__name__", str(func)))
+                raise RuntimeError(f"this mode allows no torch function, got {func}")
+
+        with Strict():
+            IMPORT
+        assert Strict.seen == [], Strict.seen
         """,
     "a_meta_default_device": """
         with torch.device("meta"):
@@ -202,9 +220,10 @@ def test_an_import_under_any_mode_installs_every_backported_member(case):
 
 # functorch's thread-local state: absent until something uses functorch, and
 # copied into every graph task (and every captured ThreadLocalState) once it
-# exists. The import's probes clear functorch's interpreter stack, which
-# creates it; an importer that had none must be left with none (else every
-# backward of the process pays for the copy), and one that had it keeps it.
+# exists. The boxed-grads sample (where it runs) clears functorch's
+# interpreter stack, which creates it; an importer that had none must be
+# left with none (else every backward of the process pays for the copy), and
+# one that had it keeps it.
 FUNCTORCH_STATE_CASES = {
     "an_importer_without_it_is_left_without_it": ("", False),
     "an_importer_with_it_keeps_it": ("torch.func.vmap(lambda x: x * 2)(torch.ones(2, 2))", True),

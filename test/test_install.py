@@ -4,13 +4,16 @@
   torch and installs the sources, csrc/ included; installing changes nothing
   until an import;
 * where torch is importable (``--no-build-isolation``, ``pip wheel``), the
-  build compiles, and the wheel declares that exact torch: requirement and
-  local version tag. Compiling that wheel (a minute or more) is opt-in:
+  build compiles, and the wheel declares that exact torch: a requirement on
+  the installed distribution's version (which pip resolves against it, PyPI's
+  CUDA wheels included) and a local version tag from ``torch.__version__``. Compiling that wheel (a minute or more) is opt-in:
   TORCH_CTXEXT_TEST_WHEEL=1; its metadata is checked in every run.
 
 The first import of a sources-only install: test_first_import.py.
 """
 import glob
+import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -81,7 +84,26 @@ def test_a_wheel_built_where_torch_is_importable_declares_that_exact_torch(sourc
     label = "torch" + re.sub(r"[^A-Za-z0-9.]+", ".", torch.__version__)
     version = "0.1.0" if source == "sdist" else f"0.1.0+{label}"
     assert f"\nVersion: {version}\n" in metadata
-    assert f"\nRequires-Dist: torch=={torch.__version__}\n" in metadata
+    assert f"\nRequires-Dist: torch=={importlib.metadata.version('torch')}\n" in metadata
+
+
+def test_pip_install_without_build_isolation_resolves_against_the_installed_torch(tmp_path):
+    """``pip install --no-build-isolation .`` pins the torch it compiles
+    against as pip sees it installed: PyPI's CUDA wheels are installed as
+    ``2.12.1`` although ``torch.__version__`` says ``2.12.1+cu130``, so a
+    pin on the latter could not be met. pip resolves the pin against the
+    running torch, with no index: nothing else to download."""
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
+         "--report", str(report), str(copy_checkout(tmp_path / "checkout"))],
+        capture_output=True, text=True, env=clean_env(), cwd=str(tmp_path), timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(report) as f:
+        (install,) = json.load(f)["install"]  # torch_ctxext only: torch (and ninja) are there
+    assert install["metadata"]["name"] == "torch_ctxext"
+    assert f"torch=={importlib.metadata.version('torch')}" in install["metadata"]["requires_dist"]
 
 
 def test_setup_without_torch_installs_the_sources_unless_told_to_compile():
@@ -125,8 +147,11 @@ def test_pip_wheel_without_isolation_makes_a_wheel_for_this_torch_that_loads_wit
     installed = user_env.pip("install", "--no-deps", "--target", tmp_path / "site", tmp_path / "wheels" / wheel)
     assert installed.returncode == 0, installed.stderr
     assert sorted(os.listdir(tmp_path / "site" / "torch_ctxext" / "csrc")) == CSRC
+    (verdict,) = glob.glob(str(tmp_path / "site" / "torch_ctxext" / "layout-*.json"))  # made at install
+    with open(verdict) as f:
+        assert json.load(f)["found"] == {}
     loaded = run([user_env.python, "-c", LOADED], PYTHONPATH=tmp_path / "site", TORCH_CTXEXT_CACHE=tmp_path / "cache")
-    assert loaded.returncode == 0 and loaded.stderr == "", loaded.stderr
+    assert loaded.returncode == 0 and loaded.stderr == "", loaded.stderr  # nothing built, nothing verified
     origin, path = loaded.stdout.split()
     assert origin == "package" and path.startswith(str(tmp_path / "site" / "torch_ctxext" / "_C"))
     assert not os.path.exists(tmp_path / "cache")

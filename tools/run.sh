@@ -74,6 +74,15 @@ install_testdevice() {  # install_testdevice VENV: the test device (tools/testde
     echo "$hash" >"$venv/.testdevice-hash"
 }
 
+import_tests() {  # import_tests VERSION PYTHON [ENV...]: what the import and the install do to a process, on that torch
+    local version=$1 python=$2
+    shift 2
+    echo "== the import leaves the process as import torch does; the install resolves against this torch, torch $version"
+    env "$@" "$python" -m pytest -q -p no:cacheprovider -o addopts= -rs --rootdir "$root" \
+        "$root/test/test_import_leaves_the_process.py" \
+        "$root/test/test_install.py::test_pip_install_without_build_isolation_resolves_against_the_installed_torch"
+}
+
 accelerator_tests() {  # accelerator_tests VERSION PYTHON [ENV...]: the suite on the test device
     local version=$1 python=$2
     shift 2
@@ -197,6 +206,7 @@ test)
             ref_python=$cache/venv-$version/bin/python
             report "$version" "$ref_python" PYTHONPATH="$root"
             accelerator_tests "$version" "$ref_python" PYTHONPATH="$root"
+            import_tests "$version" "$ref_python" PYTHONPATH="$root"
             continue
         fi
         venv=$(venv_for "$version")
@@ -205,6 +215,7 @@ test)
         echo "== where the releases differ (test/test_release_boundaries.py), torch $version"
         "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts= \
             --rootdir "$root" "$root/test/test_release_boundaries.py"
+        import_tests "$version" "$venv/bin/python"
     done
     echo "== the compatibility matrix in the docs matches these reports"
     python3 "$root/tools/compat_matrix.py" --check "$out"/check-*.json

@@ -30,7 +30,7 @@ _INSTALLERS = (
 _features.check_supported_torch()
 _features.record_native()
 if any(_features.lacks(member) for member, _ in _INSTALLERS):
-    from ._ext import layout_check as _layout_check, loader as _loader
+    from ._ext import loader as _loader
 
     _missing = [member for member, _ in _INSTALLERS if _features.lacks(member)]
     try:
@@ -41,8 +41,10 @@ if any(_features.lacks(member) for member, _ in _INSTALLERS):
         _features.report_unavailable(_missing, error)
     else:
         # Members whose engine structures do not read back as the headers
-        # say are not installed; features() gives the reason.
-        _features.UNAVAILABLE.update(_layout_check.unavailable_members(_C))
+        # say are not installed; features() gives the reason. The verdict
+        # was made once for this build and torch, in a child process (the
+        # import itself runs nothing of autograd).
+        _features.UNAVAILABLE.update(_loader.layout_verdict())
         for _member, _module in _INSTALLERS:
             if _member in _missing and _member not in _features.UNAVAILABLE:
                 # Each installer says what it installed, or why it could not.

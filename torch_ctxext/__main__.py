@@ -60,17 +60,10 @@ def _build(args):
 
 
 def _check(args):
-    import torch
-
     from torch_ctxext.conformance import _device
 
     name = args.device or os.environ.get("TORCH_CTXEXT_DEVICE") or "cpu"
     module = args.device_module or _device.module_for(name)
-    if module and torch._C._get_privateuse1_backend_name() != name.split(":")[0]:
-        # The backend is registered by a module, which must come before
-        # torch_ctxext (whose import ran a backward, after which the engine
-        # starts no thread for a new device): run the check in a fresh process.
-        return _check_in_a_fresh_process(module)
     try:
         device = _device.select(name, module)
     except _device.DeviceError as e:
@@ -89,26 +82,6 @@ def _check(args):
     if not report["ran"]:
         return 2  # could not run: pytest's own output above says why
     return 0 if report["conforms"] else 1
-
-
-def _check_in_a_fresh_process(module):
-    """``check`` again, in a new interpreter that imports ``module`` first."""
-    import subprocess
-
-    code = "\n".join([
-        "import importlib, sys",
-        f"module = {module!r}",
-        "try:",
-        "    importlib.import_module(module)",
-        "except Exception as e:",
-        "    print('torch-ctxext check: importing %r, which registers the device, failed: %s'"
-        " % (module, e), file=sys.stderr)",
-        "    sys.exit(2)",
-        "from torch_ctxext.__main__ import main",
-        "sys.exit(main(sys.argv[1:]))",
-    ])
-    completed = subprocess.run([sys.executable, "-c", code, *sys.argv[1:]])
-    return completed.returncode
 
 
 def main(argv=None):
@@ -136,7 +109,7 @@ def main(argv=None):
     check.add_argument(
         "--device-module",
         metavar="MODULE",
-        help="module that registers the DEVICE backend, imported first "
+        help="module that registers the DEVICE backend, imported before the suite runs "
         "(testdevice: torch_ctxext_testdevice)",
     )
     check.add_argument(

@@ -5,7 +5,7 @@
 
 ``--device NAME`` runs the accelerator scenarios (scenarios_device.py) on
 that device instead of the CPU ones; for ``testdevice`` its module
-(torch_ctxext_testdevice) is imported first, before torch_ctxext.
+(torch_ctxext_testdevice) is imported before any scenario runs backward.
 
 With TORCH_CTXEXT_IMPORT=1 in the environment, ``import torch_ctxext`` is done
 before the scenarios run (to exercise the backport on older torch).

@@ -17,7 +17,6 @@ import torch
 from torch.autograd.function import BackwardCFunction, Function
 
 from .. import _features
-from .._ext import layout_check
 
 _C = None
 
@@ -67,21 +66,21 @@ def apply_boxed(self, *args):
     return (vjp_fn if vjp_fn is not Function.vjp else backward_fn)(self, *args)
 
 
-def _sample_ctx_and_install():
-    class _Probe(Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
+def _install_path():
+    """Route PyNode::apply through the boxed path. PyNode's vtable is where
+    the layout probe saw it, in a child process (its verdict's facts, kept
+    for this very libtorch_python): nothing of autograd runs here."""
+    from .._ext import loader
 
-        @staticmethod
-        def backward(ctx, g):
-            return g
-
-    # The importer's modes (no_grad, inference_mode, a dispatch mode, a
-    # custom backward importing lazily) must not decide whether a node exists.
-    with layout_check.probe_modes(_C):
-        out = _Probe.apply(torch.zeros(1, device="cpu", requires_grad=True))
-        _C.install_boxed_grads_path(out.grad_fn)
+    facts = loader.verdict["facts"]  # there is one: members are installed only after it
+    offset = facts.get("pynode_vtable_offset")
+    if not isinstance(offset, int):
+        raise RuntimeError(
+            "torch_ctxext: the layout probe did not find PyNode's vtable in this torch build "
+            f"({facts.get('pynode_vtable_offset_error', 'no offset recorded')}); "
+            "boxed_grads_call is unavailable"
+        )
+    _C.install_boxed_grads_path(offset)
 
 
 def install(ext):
@@ -90,7 +89,7 @@ def install(ext):
     global _C
     _C = ext
     try:
-        _sample_ctx_and_install()
+        _install_path()
     except RuntimeError as e:
         # The engine hook could not be placed (an unrecognised torch build):
         # everything else still works; features() says why this does not.

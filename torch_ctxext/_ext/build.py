@@ -46,7 +46,7 @@ import time
 
 import torch
 
-from . import build_cache, sources
+from . import build_cache, layout_verdict, sources
 from .build_cache import LIBRARY, RECORD
 
 ENV_JIT = "TORCH_CTXEXT_JIT"
@@ -192,14 +192,8 @@ _CPP_EXTENSION_HELPERS = ("_prepare_ldflags", "_write_ninja_file_to_build_librar
 
 # The fallback: load() in a child process (it imports torch again).
 _CHILD = r"""
-import ctypes, json, os, signal, sys
+import json, sys
 spec = json.loads(sys.argv[1])
-try:  # die with the importing process (a killed rank must not leave a compile behind)
-    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-except Exception:
-    pass
-if os.getppid() != spec["parent"]:
-    sys.exit("torch_ctxext: the importing process is gone")
 import torch.utils.cpp_extension as cpp_extension
 cpp_extension.load(
     name="_C", sources=spec["sources"], extra_cflags=spec["cflags"],
@@ -207,6 +201,82 @@ cpp_extension.load(
     verbose=True, is_python_module=True,
 )
 print("torch_ctxext: the new build loads", flush=True)
+"""
+
+# Every build runs under this supervisor, a small child process of the
+# importing process (`python -S -c _SUPERVISOR spec`, the standard library
+# only), in a session of its own, so that it outlives whatever kills the
+# importer, even a kill of the importer's whole process group. The kernel
+# tells it when the importer dies (PR_SET_PDEATHSIG); it then ends the
+# build: SIGTERM to ninja, which passes it on to each compile's process
+# group and waits for them; whatever is left of the build (anything the
+# build started is re-parented to the supervisor, a child subreaper) is
+# killed; the build's private directory is removed; it exits. The importer
+# stopping it (SIGTERM: a KeyboardInterrupt in the importer) does the same.
+# Otherwise it runs the build and exits with the build's status (killed by
+# the same signal as the build, if the build was). A kill of the supervisor
+# itself: ninja gets SIGTERM (its own PR_SET_PDEATHSIG), and the next
+# builder removes the directory.
+_SUPERVISOR = r"""
+import ctypes, json, os, shutil, signal, subprocess, sys, time
+spec = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None)
+libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: told when the importer dies
+libc.prctl(36, 1)                   # PR_SET_CHILD_SUBREAPER: the build's orphans come here
+build = None
+
+def children():
+    mine, found = str(os.getpid()).encode(), []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % entry, "rb") as f:
+                data = f.read()
+            if data[data.rindex(b")") + 2:].split()[1] == mine:
+                found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+def end(signum, frame):
+    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if build is not None and build.poll() is None:
+        build.terminate()  # ninja ends its compiles, then itself
+        try:
+            build.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+    for _ in range(100):  # what is left (re-parented here): killed, reaped
+        left = children()
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in left:
+            try:
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    shutil.rmtree(spec["partial"], ignore_errors=True)
+    os._exit(128 + signum)
+
+for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+    signal.signal(getattr(signal, name), end)
+if os.getppid() != spec["parent"]:  # the importer died before we could be told
+    end(signal.SIGTERM, None)
+
+def dies_with_supervisor():
+    libc.prctl(1, int(signal.SIGTERM))
+
+build = subprocess.Popen(spec["command"], cwd=spec["partial"], preexec_fn=dies_with_supervisor)
+code = build.wait()
+if code < 0:  # say it as the build's own end
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
 """
 
 _STEP = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
@@ -225,8 +295,8 @@ class _Progress:
         self.shown = False
 
     def step(self, done, total, command):
-        compiled = re.search(r"\s-c\s+(\S+)", command)
-        what = f"compiled {os.path.basename(compiled.group(1))}" if compiled else "linked _C.so"
+        source = _compiled_source(command)
+        what = f"compiled {os.path.basename(source)}" if source else "linked _C.so"
         text = f"torch_ctxext: [{done}/{total}] {what}"
         if self.tty:
             sys.stderr.write("\r\033[K" + text)
@@ -239,6 +309,19 @@ class _Progress:
         if self.shown:
             sys.stderr.write("\n")
             sys.stderr.flush()
+
+
+def _compiled_source(command):
+    """The source a ninja step's command compiles (the argument of ``-c``,
+    which ninja quotes when its path has a space), or None (the link)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # an unbalanced quote: not a command we wrote
+        words = command.split()
+    for flag, argument in zip(words, words[1:]):
+        if flag == "-c":
+            return argument
+    return None
 
 
 def _first_error(log):
@@ -521,26 +604,6 @@ def _said_into(log):
             logger.propagate = propagate
 
 
-def _dies_with_parent():
-    """For Popen's preexec_fn: the build's process is killed with the
-    importing process, and does not start if that is already gone. None
-    where prctl is not to be had (not Linux)."""
-    import ctypes  # torch has imported it
-
-    try:
-        prctl = ctypes.CDLL(None).prctl  # looked up before the fork
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def set_parent_death_signal():
-        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return set_parent_death_signal
-
-
 def _compile(partial, csrc, log):
     """Compile into ``partial`` as torch.utils.cpp_extension.load does:
     ninja in a child process, with the ninja file written here (or load()
@@ -559,32 +622,35 @@ def _compile(partial, csrc, log):
         with _said_into(log):
             arguments = _write_ninja_file(partial, units, cflags, ldflags)
         command = [ninja or "ninja"] + arguments
-        shown, in_process = command, True
+        shown = command
     except Exception as e:  # a torch whose private helpers differ: load() knows its own
         with open(log, "a") as out:
             out.write(
                 f"torch.utils.cpp_extension's ninja-file helpers are not as expected here ({type(e).__name__}: {e}); "
                 "building with torch.utils.cpp_extension.load in a child process\n"
             )
-        spec = {"parent": os.getpid(), "sources": units, "cflags": cflags, "ldflags": ldflags, "directory": partial}
+        spec = {"sources": units, "cflags": cflags, "ldflags": ldflags, "directory": partial}
         command = [sys.executable, "-c", _CHILD, json.dumps(spec)]
         shown = [sys.executable, "-c", "<torch.utils.cpp_extension.load>", json.dumps(spec)]
-        in_process = False
-    code = _run_build(command, shown, partial, env, log, _dies_with_parent() if in_process else None)
+    code = _run_build(command, shown, partial, env, log)
     if code != 0 or not os.path.isfile(os.path.join(partial, LIBRARY)):
         raise _compile_failure(code, log)
 
 
-def _run_build(command, shown, partial, env, log, preexec_fn):
-    """Run the build's ``command`` in ``partial``, its output to the log and
-    its ninja steps to the progress display; return its exit status."""
+def _run_build(command, shown, partial, env, log):
+    """Run the build's ``command`` in ``partial``, under the supervisor
+    (_SUPERVISOR: it ends the build and removes ``partial`` if this process
+    dies), its output to the log and its ninja steps to the progress
+    display; return its exit status."""
     progress = _Progress()
+    supervised = json.dumps({"command": command, "partial": partial, "parent": os.getpid()})
     with open(log, "a") as out:
         out.write("$ " + shlex.join(shown) + "\n\n")
         out.flush()
         child = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=partial, env=env, text=True, errors="replace", bufsize=1, preexec_fn=preexec_fn,
+            [sys.executable, "-S", "-c", _SUPERVISOR, supervised],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=partial, env=env, text=True, errors="replace", bufsize=1, start_new_session=True,
         )
         try:
             for line in child.stdout:
@@ -595,7 +661,7 @@ def _run_build(command, shown, partial, env, log, preexec_fn):
                     progress.step(int(step.group(1)), int(step.group(2)), step.group(3))
             return child.wait()
         except BaseException:
-            child.kill()
+            child.terminate()  # the supervisor ends the build
             child.wait()
             raise
         finally:
@@ -762,9 +828,8 @@ def _build_holding_the_lock(reason, force, csrc, root, key, log, failed):
     library = os.path.join(final, LIBRARY)
     if build_cache.published(final) and not force:
         return library, False  # built by the process we waited for
-    if os.path.isfile(failed) and not force:
-        with open(failed) as f:
-            recorded = json.load(f)
+    recorded = None if force else _recorded_failure(failed)
+    if recorded is not None:
         error = ExtensionBuildError(f"{recorded['message']} (recorded at {recorded['when']}; `{REBUILD}` tries again)")
         error.remembered = True
         raise error
@@ -801,7 +866,44 @@ def _build_holding_the_lock(reason, force, csrc, root, key, log, failed):
     with contextlib.suppress(FileNotFoundError):
         os.remove(failed)
     _say(f"built in {seconds:.0f} s: {library}")
+    _verify_layout(library, log)
     return library, True
+
+
+def _verify_layout(library, log):
+    """Verify the new build's layout against this torch once, now, in a
+    child process, and keep the verdict beside it (layout_verdict): the
+    imports that load it only read the verdict. One that cannot be made
+    here is made by the next import."""
+    try:
+        record = layout_verdict.verify(library)
+        layout_verdict.write(os.path.join(os.path.dirname(library), layout_verdict.verdict_name(library)), record)
+        note = f"layout verified in {record['seconds']} s: " + (
+            "everything reads back as the headers say" if not record["found"] else json.dumps(record["found"])
+        )
+    except (layout_verdict.ProbeNotRun, OSError) as e:
+        note = f"layout not verified ({e}); the next import verifies it"
+    with contextlib.suppress(OSError), open(log, "a") as f:
+        f.write(f"torch_ctxext: {note}\n")
+
+
+def _recorded_failure(failed):
+    """The compile error recorded at ``failed`` ({"message", "when", ...}),
+    or None. A record that cannot be read as one (empty, cut short by a full
+    disk, edited by hand) is no record: it is removed, and the build runs
+    again (and records its failure afresh, if it fails)."""
+    try:
+        with open(failed) as f:
+            recorded = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        recorded = None
+    if isinstance(recorded, dict) and all(isinstance(recorded.get(k), str) for k in ("message", "when")):
+        return recorded
+    with contextlib.suppress(OSError):
+        os.remove(failed)
+    return None
 
 
 def _record_failure(failed, error, log):

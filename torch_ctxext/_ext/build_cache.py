@@ -117,6 +117,7 @@ def record_of(library):
     """What build.json says about a published build (its torch, when it was built)."""
     try:
         with open(os.path.join(os.path.dirname(library), RECORD)) as f:
-            return json.load(f)
+            record = json.load(f)
     except (OSError, ValueError):
         return {}
+    return record if isinstance(record, dict) else {}

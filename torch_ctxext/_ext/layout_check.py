@@ -1,33 +1,19 @@
-"""Layout fingerprints, checked when the extension is loaded.
+"""The layout probe: does the engine read back as the extension's headers say?
+
+Run in a child process, once per build and torch (``layout_verdict``), never
+in a user's process: it runs a Function forward and two backwards, and a
+backward starts the autograd engine (its device threads, a device query).
 
 The extension reads, and for two members writes, torch's internal structures
-(THPFunction, the node's InputMetadata and VariableInfo, the GraphTask, on
-torch 2.12 PyNode's vtable) by the layout of the headers it was compiled
-with. The build check in ``loader`` compares version and git hash; a
-torch built from an edited tree, with an ``Unknown`` git hash, or patched by
-a distribution passes it with a different layout. So before anything is
-installed, a probe Function is run and everything the extension reads of it
-is compared with what Python knows of it. A member whose structures do not
-read back as expected is not installed; ``features()`` says why.
-
-The probe runs inside whatever the importing code is doing: under
-``no_grad`` or ``inference_mode``, inside a custom backward, under autocast,
-a TorchDispatchMode or FakeTensorMode, inside a functorch transform, while
-Dynamo traces the frame that imports. :func:`probe_modes` gives it the modes
-it needs and hides the importer's, so that the probe reads the same facts
-in every case (and the importer's modes see none of its operations).
+(THPFunction, the node's InputMetadata and VariableInfo, the GraphTask) by
+the layout of the headers it was compiled with. :func:`mismatches` runs a
+probe Function and compares everything the extension reads of it with what
+Python knows of it; :func:`facts` notes what the import needs and could only
+learn from a graph. It needs torch and the extension only: the child loads
+this file by its path.
 """
-import contextlib
-
 import torch
 from torch.autograd import Function
-
-# What each member reads or writes by layout.
-NEEDS = {
-    "input_grad_buffers": ("ctx", "node", "task"),
-    "set_output_grad_dtype": ("ctx", "node", "metadata"),
-    "apply_boxed": ("ctx", "node", "metadata"),
-}
 
 SHAPE = (2, 3)
 
@@ -37,6 +23,7 @@ class _Probe(Function):
     reads the running graph task."""
 
     tasks = []
+    ext = None
 
     @staticmethod
     def forward(ctx, x, n, frozen):
@@ -51,40 +38,31 @@ class _Probe(Function):
         return g, None, None
 
 
-@contextlib.contextmanager
-def probe_modes(ext):
-    """The thread-local state an import-time probe needs, whatever the
-    importer's: grad mode on and outside inference mode (else the probe
-    builds no graph), no autocast (it would change the probe's dtypes), no
-    functorch transform (its Function would need setup_context, and backward
-    is refused inside grad transforms), no TorchDispatchMode, fake or proxy
-    mode and no TorchFunctionMode such as ``torch.device("meta")`` (the
-    importer's mode must neither see nor change the probe's operations).
-    Everything is restored on exit. Deterministic algorithms and anomaly
-    mode need nothing: the probe runs the same under them.
-
-    Restored includes functorch's thread-local state not existing: clearing
-    the interpreter stack creates it, and where it exists every graph task
-    deep-copies it, a cost on every backward of the process (``ext``, the
-    extension, sees and drops it)."""
-    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    had_functorch_state = ext.functorch_tls_exists()
+def mismatches(ext):
+    """{structure: what did not read back as expected} (empty: all did), for
+    the structures ``ctx``, ``node``, ``metadata`` and ``task``. A probe that
+    raises reports every structure: nothing it reads can be trusted."""
     try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(temporarily_clear_interpreter_stack())
-            stack.enter_context(torch._C._DisableFuncTorch())
-            stack.enter_context(torch.inference_mode(False))
-            stack.enter_context(torch.enable_grad())
-            stack.enter_context(torch.autocast("cpu", enabled=False))
-            stack.enter_context(torch._C.DisableTorchFunction())
-            stack.enter_context(_disable_current_modes())
-            stack.enter_context(torch._C._DisableTorchDispatch())
-            yield
-    finally:
-        if not had_functorch_state:
-            ext.drop_functorch_tls()
+        return _mismatches(ext)
+    except Exception as e:
+        return {part: f"the layout probe failed ({type(e).__name__}: {e})" for part in ("ctx", "node", "metadata", "task")}
+
+
+def facts(ext):
+    """What the import needs to know of this torch's binaries and cannot
+    find without building a graph: on torch < 2.13, where PyNode's vtable
+    lies in libtorch_python (the boxed-grads path replaces its apply slot;
+    libtorch_python exports no symbol for it from 2.7 on). Facts that
+    cannot be found are left out (their member is then unavailable)."""
+    found = {}
+    if hasattr(ext, "pynode_vtable_offset"):
+        x = torch.ones(1, dtype=torch.float32, device="cpu", requires_grad=True)
+        out, _ = _Probe.apply(x, 7, torch.ones(1, dtype=torch.float64))
+        try:
+            found["pynode_vtable_offset"] = ext.pynode_vtable_offset(out.grad_fn)
+        except RuntimeError as e:
+            found["pynode_vtable_offset_error"] = str(e)
+    return found
 
 
 def _mismatches(ext):
@@ -133,28 +111,3 @@ def _mismatches(ext):
     ) != (False, True, True, False):
         found["task"] = "the running graph task does not read back as the backward that runs it"
     return found
-
-
-def unavailable_members(ext):
-    """{member: reason} for the members whose structures did not read back
-    as expected on this torch (empty when all did)."""
-    try:
-        with probe_modes(ext):
-            found = _mismatches(ext)
-    except Exception as e:  # a probe that cannot even run: trust nothing
-        found = {part: f"the layout probe failed ({type(e).__name__}: {e})" for part in ("ctx", "node", "metadata", "task")}
-    return verdicts(found)
-
-
-def verdicts(found):
-    """The members that depend on a structure in ``found``, with the reason."""
-    result = {}
-    for member, parts in NEEDS.items():
-        bad = [found[p] for p in parts if p in found]
-        if bad:
-            result[member] = (
-                f"torch {torch.__version__} does not lay out its autograd "
-                f"structures as the headers torch_ctxext was built with ({bad[0]}); "
-                "rebuild torch_ctxext against this torch, from the same source tree"
-            )
-    return result

@@ -13,17 +13,22 @@ was compiled with. Loaded into any other torch build it would read garbage, so
    ImportError says how to get one.
 
 The record is checked before the shared library is loaded, and the library
-repeats the check with the values compiled into it.
+repeats the check with the values compiled into it. Then
+:func:`layout_verdict` says which members the build must not provide on this
+torch: the verdict of the layout probe, made once per build and torch in a
+child process (``layout_verdict``), read from beside the build.
 """
 import collections
+import contextlib
 import functools
 import importlib.util
+import os
 import sys
 
 import torch
 
 from .. import _releases
-from . import build, build_cache
+from . import build, build_cache, layout_verdict as _verdict
 from .build import ExtensionBuildError  # noqa: F401  (raised by load())
 
 # The package this layer belongs to (torch_ctxext, or the name a library
@@ -177,3 +182,83 @@ def load():
     _check_boundaries(module.boundaries, path)
     loaded = Loaded(path, origin, module.built_for_torch, module.built_for_git_version)
     return module
+
+
+# The layout verdict of the loaded build (layout_verdict.verify's record: what
+# did not read back, the facts the probe noted of this torch's binaries), and
+# where it was read or written (``info``); None where there is none.
+verdict = None
+verdict_path = None
+
+
+def _verdict_places(library, name):
+    """Where the verdict for ``library`` may be: beside it (a build in the
+    cache, or one installed with a verdict made at install), then the
+    cache's own directory for verdicts of builds outside it (a packaged
+    build verified later: nothing is written into site-packages after pip)."""
+    return [os.path.join(os.path.dirname(library), name), os.path.join(build_cache.root(), "layouts", name)]
+
+
+def _store_at(library, places):
+    in_cache = os.path.commonpath([os.path.abspath(library), build_cache.root()]) == build_cache.root()
+    return places[0] if in_cache else places[1]
+
+
+def layout_verdict():
+    """{member: why} for the members the loaded build must not provide here
+    (empty when its layout verdict found nothing amiss). The verdict is read
+    from beside the build; where there is none for this build and torch (a
+    build made before verdicts, a torch reinstalled in place, a wheel built
+    elsewhere), the probe runs now, once, in a child process, and its
+    verdict is kept for the next imports. No autograd runs in this process."""
+    global verdict, verdict_path
+    library = loaded.path
+    places = _verdict_places(library, _verdict.verdict_name(library))
+    for path in places:
+        record = _verdict.read(path)
+        if record is not None:
+            verdict, verdict_path = record, path
+            return _verdict.verdicts(record["found"])
+    target = _store_at(library, places)
+    try:
+        record = _verify_into(library, target)
+    except (_verdict.ProbeNotRun, build._LockTimeout) as e:
+        why = f"it waited {e.timeout:.0f} s for another process's verification" if isinstance(e, build._LockTimeout) else str(e)
+        reason = (
+            "torch_ctxext could not verify that its extension reads the structures of torch "
+            f"{torch.__version__} as its headers say ({why}); nothing that depends on them is "
+            "installed in this process, and the next import verifies again "
+            f"(`{build.ENV_JIT}=1 python -m torch_ctxext build` verifies ahead of time)"
+        )
+        return {member: reason for member in _verdict.NEEDS}
+    verdict = record
+    return _verdict.verdicts(record["found"])
+
+
+def _verify_into(library, target):
+    """Run the probe for ``library`` (one process at a time: the ranks of a
+    job wait for the first), keep its verdict at ``target`` where it can be
+    written, and return it."""
+    global verdict_path
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target + ".lock", "a").close()
+        lock = build._locked(target + ".lock", lambda holder: build._say(
+            f"waiting for another process that verifies the extension's layout: {holder}"
+        ), build.build_timeout())
+    except OSError:  # a read-only cache: verify for this process only
+        lock = contextlib.nullcontext()
+    with lock:
+        record = _verdict.read(target)  # made by the process waited for
+        if record is not None:
+            verdict_path = target
+            return record
+        build._say(
+            f"verifying that its extension reads the structures of torch {torch.__version__} "
+            "as its headers say (once for this build and torch, in a child process)"
+        )
+        record = _verdict.verify(library)
+        with contextlib.suppress(OSError):
+            _verdict.write(target, record)
+            verdict_path = target
+        return record

@@ -5,11 +5,13 @@ Only torch and pytest are used here: the suite runs against bare torch.
 
 The device's backend must be registered before the first ``backward()`` of
 the process: the autograd engine starts one thread per device of every
-backend registered at that moment, once. ``import torch_ctxext`` runs a
-backward (its layout probe), so a PrivateUse1 backend's module is imported
-first: ``python -m torch_ctxext check --device NAME`` does it, and with
-plain pytest ``-p MODULE`` does (``pytest -p torch_ctxext_testdevice
---pyargs torch_ctxext.conformance --device testdevice``).
+backend registered at that moment, once. ``import torch_ctxext`` runs no
+backward, so the order of the imports does not matter:
+``python -m torch_ctxext check --device NAME`` imports the backend's module
+when it selects the device, and with plain pytest ``--ctx-device`` (or ``-p
+MODULE``) does (``pytest --pyargs torch_ctxext.conformance --ctx-device
+testdevice``). A backend registered after the process's first backward is
+refused with the reason (``select``), not with the engine's internal assert.
 """
 import contextlib
 import importlib
@@ -108,7 +110,7 @@ def _check_engine_runs(device):
         raise DeviceError(
             f"device {device.type!r} was registered after the autograd engine started, "
             f"so the engine runs no thread for it: import {module} before the first "
-            f"backward() of the process, before torch_ctxext (pytest -p {module} ...)"
+            f"backward() of the process (pytest -p {module} ...)"
         ) from None
 
 

@@ -62,9 +62,10 @@ DELIBERATE_WARNINGS = (
 def pytest_configure(config):
     for line in DELIBERATE_WARNINGS:
         config.addinivalue_line("filterwarnings", line)
-    # The device's backend is registered before torch_ctxext is imported:
-    # the import runs a backward, after which the engine starts no threads
-    # for devices registered later.
+    # The device first: selecting it imports its backend's module and runs
+    # a backward on it (the engine must run a thread for it, and starts its
+    # threads at the first backward of the process, counting the devices
+    # registered then).
     try:
         _device.select(*_device.requested(config))
     except _device.DeviceError as e:

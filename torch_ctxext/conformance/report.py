@@ -32,11 +32,24 @@ def extension_lines():
         if record.get("built_at"):
             where += f" (built {record['built_at']} in {record['seconds']:.0f} s)"
         built_for = f"{loaded.torch_version} (git {loaded.torch_git_version[:12]})"
-    return [
+    lines = [
         f"built for      {built_for}",
         f"extension      {where}",
         f"build cache    {build_cache.root()} (${build_cache.ENV_CACHE})",
     ]
+    if loaded is not None:
+        verdict = loader.verdict
+        if verdict is None:
+            layout = "not verified in this process (see the members' reasons)"
+        elif verdict["found"]:
+            layout = f"does not read back as the headers say ({', '.join(sorted(verdict['found']))})"
+        else:
+            layout = "reads back as the headers say"
+        if verdict is not None:
+            kept = loader.verdict_path or "not kept (the build cache is not writable)"
+            layout += f"; verified {verdict.get('verified_at', '')} in a child process: {kept}"
+        lines.append(f"layout         {layout}")
+    return lines
 
 
 def info_table(features, torch_version, torch_git_version, routes=None):

@@ -42,6 +42,9 @@ struct Counters {
   std::atomic<int64_t> events_recorded{0};
   std::atomic<int64_t> events_blocked{0};
   std::atomic<int64_t> stream_exchanges{0};
+  // Calls of the guard's deviceCount(): the device query, as
+  // cudaGetDeviceCount is CUDA's (the engine's start makes one).
+  std::atomic<int64_t> device_count_queries{0};
 };
 Counters counters;
 
@@ -141,7 +144,10 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
     counters.stream_exchanges++;
     return previous;
   }
-  c10::DeviceIndex deviceCount() const noexcept override { return kDeviceCount; }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    counters.device_count_queries++;
+    return kDeviceCount;
+  }
 
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag /*flag*/) const override {
@@ -318,12 +324,13 @@ PyObject* py_new_stream_id(PyObject*, PyObject* arg) {
 }
 
 PyObject* py_counters(PyObject*, PyObject*) {
-  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L}",
+  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L}",
                        "live_allocations", static_cast<long long>(counters.live_allocations.load()),
                        "live_bytes", static_cast<long long>(counters.live_bytes.load()),
                        "events_recorded", static_cast<long long>(counters.events_recorded.load()),
                        "events_blocked", static_cast<long long>(counters.events_blocked.load()),
-                       "stream_exchanges", static_cast<long long>(counters.stream_exchanges.load()));
+                       "stream_exchanges", static_cast<long long>(counters.stream_exchanges.load()),
+                       "device_count_queries", static_cast<long long>(counters.device_count_queries.load()));
 }
 
 PyMethodDef methods[] = {

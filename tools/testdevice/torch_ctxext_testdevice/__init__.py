@@ -9,8 +9,12 @@ one worker thread per device, the forward's current stream recorded per
 node, stream-aware accumulation of gradients. Work runs synchronously, so
 every event is complete once recorded.
 
-Import it before the first ``backward()`` of the process: the engine starts
-its device threads once, counting the devices registered at that moment.
+Import it before the first ``backward()`` of the process, as any backend:
+the engine starts its device threads once, counting the devices registered
+at that moment (a backend registered later has no thread, and backward on
+it fails inside the engine). Its import, like a real backend's, runs
+nothing of autograd: a process that imports it can still fork children that
+run backward, until its own first backward.
 
 The functions below mirror ``torch.cuda``'s, so that a test written against
 ``getattr(torch, device.type)`` runs on CUDA and on this device alike::
@@ -168,25 +172,11 @@ def get_amp_supported_dtype():
 
 def counters():
     """What the device and the engine did so far in this process: live
-    allocations and bytes, events recorded and waited on, stream exchanges."""
+    allocations and bytes, events recorded and waited on, stream exchanges,
+    and device queries (calls of the device guard's ``deviceCount()``, as
+    the engine makes when it starts: the analogue of CUDA's
+    ``cudaGetDeviceCount``)."""
     return _C.counters()
 
 
-def _check_engine_threads():
-    """The engine must run a thread for the device: it counts the devices of
-    every registered backend at the first backward() of the process, once."""
-    x = torch.ones(1, device=NAME, requires_grad=True)
-    try:
-        (x * 2).sum().backward()
-    except RuntimeError as e:
-        if "device_ready_queues_" not in str(e):
-            raise
-        raise ImportError(
-            "torch_ctxext_testdevice was imported after the first backward() of this "
-            "process, so the autograd engine runs no thread for it: import it before "
-            "anything runs backward (import torch_ctxext runs one too)"
-        ) from None
-
-
 _register()
-_check_engine_threads()
