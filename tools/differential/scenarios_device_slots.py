@@ -67,6 +67,19 @@ def error_text(e):
     return text.split(" on thread ", 1)[0] if "engine thread" in text else text
 
 
+def observe(x, record, backward):
+    """Run ``backward``; the leaf's gradient or the error, and what was read."""
+    out = {}
+    try:
+        backward()
+        _module().synchronize()
+        out["x_grad"] = values(x.grad)
+    except RuntimeError as e:
+        out["error"] = error_text(e)
+    out["reads"] = record
+    return out
+
+
 def later_producer(where, t):
     """(t * 7).sum(), created before the Function so that it reaches t's slot
     after it: on the same stream, a side stream, or the second device's thread."""
@@ -87,20 +100,14 @@ def later_producer(where, t):
 def _slot_scenario(producer, fused_slot, where):
     def run():
         shape, split = PRODUCERS[producer]
-        record, out = [], {}
+        record = []
         Fuse = fusing(record)
         x = torch.ones(shape, device=device_scenarios.DEVICE, requires_grad=True)
         a, b = split(x)
         early = later_producer(where, b)  # always into slot 1
         fused = b if fused_slot == 1 else a
-        try:
-            (early + Fuse.apply(fused).sum() + (fused * 5).sum() + (b * 2).sum()).backward()
-            _module().synchronize()
-            out["x_grad"] = values(x.grad)
-        except RuntimeError as e:
-            out["error"] = error_text(e)
-        out["reads"] = record
-        return out
+        loss = early + Fuse.apply(fused).sum() + (fused * 5).sum() + (b * 2).sum()
+        return observe(x, record, loss.backward)
 
     name = f"device_slots_{producer}_slot{fused_slot}_exposed_later_into_slot1_{where}"
     device_scenarios.DEVICE_SCENARIOS.append((name, run))
@@ -129,18 +136,12 @@ def slot1_on_another_device_than_its_consumer():
     from the second device's thread."""
     first = device_scenarios.DEVICE
     second = torch.device(first.type, 1)
-    record, out = [], {}
+    record = []
     Fuse = fusing(record)
     x = torch.ones(3, device=first, requires_grad=True)
     a, b = OnTwoDevices.apply(x, second)
-    try:
-        (Fuse.apply(b).sum().to(first) + (b * 5).sum().to(first) + (a * 7).sum()).backward()
-        _module().synchronize()
-        out["x_grad"] = values(x.grad)
-    except RuntimeError as e:
-        out["error"] = error_text(e)
-    out["reads"] = record
-    return out
+    loss = Fuse.apply(b).sum().to(first) + (b * 5).sum().to(first) + (a * 7).sum()
+    return observe(x, record, loss.backward)
 
 
 device_scenarios.DEVICE_SCENARIOS.append(

@@ -133,19 +133,39 @@ def test_a_later_producer_of_an_exposed_slot_1_on_the_same_thread_and_stream_acc
     torch.testing.assert_close(x.grad.cpu(), expected_grad(producer, 0, 7 + 3 + 5))
 
 
+def refusal_text(where, device, side):
+    """(2.15's text for a later producer refused at slot 1, whether it is the
+    whole text): a prefix where the text holds thread ids or CUDA's stream
+    handles."""
+    if where == "another engine thread":
+        return f"{DIRECT} requires the same autograd engine thread, but the buffer was exposed on thread ", False
+    if device.type == "cuda":  # CUDA names its streams by handle, not by a small id
+        return f"{DIRECT} requires the same stream", False
+    default = _device.current_stream(device).stream_id
+    return (
+        f"{DIRECT} requires the same stream, but got producer stream {side.stream_id} on device "
+        f"{device}, consumer stream {default} on device {device}, accumulation stream {default} "
+        f"on device {device}, and ready stream {default} on device {device}"
+    ), True
+
+
+@pytest.mark.parametrize("where", ["another stream", "another engine thread"])
 @pytest.mark.parametrize("producer", PRODUCERS)
-def test_a_later_producer_of_an_exposed_slot_1_on_another_stream_is_refused(producer, buffer_exposure):
-    """Slot 1 exposed on the default stream; a producer created earlier on a
-    side stream reaches slot 1 later: the engine refuses its gradient when it
-    adds it, with 2.15's text, which names the producer's stream and slot 1's
-    consumer, accumulation and ready streams."""
+def test_a_later_producer_of_an_exposed_slot_1_on_another_stream_or_engine_thread_is_refused(
+    producer, where, buffer_exposure
+):
+    """Slot 1 exposed on the device's default stream and engine thread; a
+    producer created earlier on a side stream, or on the second device (whose
+    engine thread then adds its gradient), reaches slot 1 later: the engine
+    refuses that gradient when it adds it, with 2.15's text, which names the
+    producer's stream and slot 1's consumer, accumulation and ready streams,
+    or the two threads."""
     split, _, _ = PRODUCERS[producer]
     record = []
     Fuse = make_fuse(record)
     x = leaf(producer)
-    device = x.device
     a, b = split(x)
-    early, side = later_producer("another stream", b)
+    early, side = later_producer(where, b)
     refused = exposed_before_later_producers(buffer_exposure)
     with raises_if(refused) as error:
         (early + Fuse.apply(b).sum() + (b * 5).sum()).backward()
@@ -154,41 +174,9 @@ def test_a_later_producer_of_an_exposed_slot_1_on_another_stream_is_refused(prod
     if not refused:  # the slot stayed None: nothing to refuse, gradients exact
         torch.testing.assert_close(x.grad.cpu(), expected_grad(producer, 0, 7 + 3 + 5))
         return
-    default = _device.current_stream(device).stream_id
-    expected = (
-        f"{DIRECT} requires the same stream, but got producer stream {side.stream_id} on device "
-        f"{device}, consumer stream {default} on device {device}, accumulation stream {default} "
-        f"on device {device}, and ready stream {default} on device {device}"
-    )
-    if device.type == "cuda":  # CUDA names its streams by handle, not by a small id
-        assert str(error.value).startswith(f"{DIRECT} requires the same stream"), error.value
-    else:
-        assert str(error.value) == expected
-
-
-@pytest.mark.parametrize("producer", PRODUCERS)
-def test_a_later_producer_of_an_exposed_slot_1_on_another_engine_thread_is_refused(producer, buffer_exposure):
-    """Slot 1 exposed on the device's engine thread; a producer created
-    earlier on the second device reaches slot 1 later from that device's
-    thread: the engine refuses its gradient when it adds it, with 2.15's
-    text."""
-    split, _, _ = PRODUCERS[producer]
-    record = []
-    Fuse = make_fuse(record)
-    x = leaf(producer)
-    a, b = split(x)
-    early, _ = later_producer("another engine thread", b)
-    refused = exposed_before_later_producers(buffer_exposure)
-    with raises_if(refused) as error:
-        (early + Fuse.apply(b).sum() + (b * 5).sum()).backward()
-    _device.synchronize()
-    assert exposed(record) == [refused]
-    if not refused:
-        torch.testing.assert_close(x.grad.cpu(), expected_grad(producer, 0, 7 + 3 + 5))
-        return
-    assert str(error.value).startswith(
-        f"{DIRECT} requires the same autograd engine thread, but the buffer was exposed on thread "
-    ), error.value
+    text, whole = refusal_text(where, x.device, side)
+    message = str(error.value)
+    assert message == text if whole else message.startswith(text), message
 
 
 # --- a later producer reaching the slot that was not exposed ---------------------
