@@ -40,6 +40,7 @@ def run(out, k=None, device=None):
 
     if device:
         import scenarios_device
+        import scenarios_device_slots  # noqa: F401 - adds its scenarios to the table
 
         scenarios_device.DEVICE = torch.device(device if ":" in device else f"{device}:0")
         table = scenarios_device.DEVICE_SCENARIOS
