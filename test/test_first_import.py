@@ -212,7 +212,28 @@ def test_info_says_which_build_is_loaded_from_where_for_which_torch(user_env, fi
 def test_the_build_command_reports_an_existing_build_without_rebuilding(user_env, first_import):
     result = run([user_env.python, "-m", "torch_ctxext", "build"], TORCH_CTXEXT_CACHE=first_import["cache"])
     assert result.returncode == 0 and ANNOUNCE not in result.stderr
-    assert re.fullmatch(rf"build for torch {re.escape(torch.__version__)}: \S+/_C\.so\n", result.stdout)
+    assert re.fullmatch(
+        rf"build for torch {re.escape(torch.__version__)}: (\S+)/_C\.so\n"
+        r"layout verdict: reads back as the headers say: \1/layout-[0-9a-f]{24}\.json\n",
+        result.stdout,
+    ), result.stdout
+
+
+@needs_extension
+def test_the_build_command_verifies_a_build_that_has_no_verdict(user_env, first_import, tmp_path):
+    """A build made before verdicts (here: a copy without its verdict):
+    `build` verifies it ahead of time, so that the imports of a job only
+    read the verdict."""
+    (source,) = [p for p in glob.glob(str(first_import["cache"] / "builds" / "torch-*")) if os.path.isdir(p)]
+    target = tmp_path / "cache" / "builds" / os.path.basename(source)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("layout-*.json"))
+    result = run([user_env.python, "-m", "torch_ctxext", "build"], TORCH_CTXEXT_CACHE=tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "verifying that its extension reads the structures of torch" in result.stderr
+    (verdict,) = glob.glob(str(target / "layout-*.json"))
+    assert f"layout verdict: reads back as the headers say: {verdict}\n" in result.stdout
+    later = run([user_env.python, "-c", LOADED], TORCH_CTXEXT_CACHE=tmp_path / "cache")
+    assert later.returncode == 0 and later.stderr == "", later.stderr
 
 
 @needs_extension

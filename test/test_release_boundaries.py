@@ -235,8 +235,9 @@ def test_features_and_routes_say_who_provides_each_member_and_how():
 
 @pytest.mark.parametrize("mode", ["torch.no_grad()", "torch.inference_mode()"])
 def test_an_import_under_no_grad_installs_every_member_this_release_backports(mode):
-    """The installers that apply a sample Function at import (the boxed-grads
-    path of torch 2.6 to 2.12 included) set the modes they need: an import
+    """The import depends on no mode of the caller's (it runs nothing of
+    autograd; the boxed-grads path of torch 2.6 to 2.12 is found where the
+    layout probe, in its child process, saw PyNode's vtable): an import
     under the caller's no_grad or inference_mode installs the same members as
     a plain import, on every release (test_import_modes.py runs the whole
     list of modes on the main release only)."""

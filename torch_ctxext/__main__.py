@@ -48,15 +48,26 @@ def _build(args):
         return 0
     packaged = _extension.packaged_build()
     if packaged and packaged[1:] == (torch.__version__, torch.version.git_version) and not args.force:
-        print(f"the installed package carries a build for torch {torch.__version__}: {packaged[0]}")
-        return 0
+        library = packaged[0]
+        print(f"the installed package carries a build for torch {torch.__version__}: {library}")
+    else:
+        try:
+            library, _ = _build.build("asked for by `python -m torch_ctxext build`", force=args.force)
+        except _build.ExtensionBuildError as e:
+            print(e, file=sys.stderr)
+            return 1
+        print(f"build for torch {torch.__version__}: {library}")
+    # Its layout verdict, made now where it is missing (a build from before
+    # verdicts): the imports of a job then only read it.
     try:
-        library, _ = _build.build("asked for by `python -m torch_ctxext build`", force=args.force)
-    except _build.ExtensionBuildError as e:
-        print(e, file=sys.stderr)
+        record, path = _extension.verdict_of(library)
+    except Exception as e:  # ProbeNotRun, or a wait for another verification that timed out
+        print(f"layout of the build not verified: {e}", file=sys.stderr)
         return 1
-    print(f"build for torch {torch.__version__}: {library}")
-    return 0
+    found = record["found"]
+    print(f"layout verdict: {'reads back as the headers say' if not found else found}: "
+          f"{path or 'not kept (the build cache is not writable)'}")
+    return 0 if not found else 1
 
 
 def _check(args):

@@ -212,34 +212,37 @@ def layout_verdict():
     elsewhere), the probe runs now, once, in a child process, and its
     verdict is kept for the next imports. No autograd runs in this process."""
     global verdict, verdict_path
-    library = loaded.path
-    places = _verdict_places(library, _verdict.verdict_name(library))
-    for path in places:
-        record = _verdict.read(path)
-        if record is not None:
-            verdict, verdict_path = record, path
-            return _verdict.verdicts(record["found"])
-    target = _store_at(library, places)
     try:
-        record = _verify_into(library, target)
+        verdict, verdict_path = verdict_of(loaded.path)
     except (_verdict.ProbeNotRun, build._LockTimeout) as e:
         why = f"it waited {e.timeout:.0f} s for another process's verification" if isinstance(e, build._LockTimeout) else str(e)
         reason = (
             "torch_ctxext could not verify that its extension reads the structures of torch "
             f"{torch.__version__} as its headers say ({why}); nothing that depends on them is "
             "installed in this process, and the next import verifies again "
-            f"(`{build.ENV_JIT}=1 python -m torch_ctxext build` verifies ahead of time)"
+            f"(`python -m torch_ctxext build` verifies ahead of time)"
         )
         return {member: reason for member in _verdict.NEEDS}
-    verdict = record
-    return _verdict.verdicts(record["found"])
+    return _verdict.verdicts(verdict["found"])
+
+
+def verdict_of(library):
+    """(the layout verdict of ``library`` against the running torch, where
+    it is kept or None), read, or made now in a child process and kept.
+    Raises ProbeNotRun, or build._LockTimeout after waiting that long for
+    another process's verification."""
+    places = _verdict_places(library, _verdict.verdict_name(library))
+    for path in places:
+        record = _verdict.read(path)
+        if record is not None:
+            return record, path
+    return _verify_into(library, _store_at(library, places))
 
 
 def _verify_into(library, target):
     """Run the probe for ``library`` (one process at a time: the ranks of a
     job wait for the first), keep its verdict at ``target`` where it can be
-    written, and return it."""
-    global verdict_path
+    written, and return (it, target or None)."""
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         open(target + ".lock", "a").close()
@@ -251,14 +254,14 @@ def _verify_into(library, target):
     with lock:
         record = _verdict.read(target)  # made by the process waited for
         if record is not None:
-            verdict_path = target
-            return record
+            return record, target
         build._say(
             f"verifying that its extension reads the structures of torch {torch.__version__} "
             "as its headers say (once for this build and torch, in a child process)"
         )
         record = _verdict.verify(library)
-        with contextlib.suppress(OSError):
+        try:
             _verdict.write(target, record)
-            verdict_path = target
-        return record
+        except OSError:
+            return record, None
+        return record, target
