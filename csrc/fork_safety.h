@@ -22,6 +22,16 @@
 //
 // No region holds two of these locks at once; the handlers take them in
 // construction order.
+//
+// Each copy of this library in a process (a second path, a package that
+// vendors torch_ctxext under another name) has its own list: the extension
+// is compiled with hidden visibility (torch_ctxext/_ext/sources.py), so the
+// inline variables below are this library's, not STB_GNU_UNIQUE symbols the
+// dynamic linker would merge across copies. A copy refused at load
+// (module.cpp, PyInit__C) constructs its locks into its own list, registers
+// no handler and changes nothing in the process: the handlers are
+// registered by the module's initialisation, which only the copy that
+// claims the engine hooks runs (install_fork_handlers).
 #pragma once
 
 #include <Python.h>
@@ -43,12 +53,17 @@ class ForkSafeMutex;
 
 namespace fork_safety {
 
-// Every ForkSafeMutex, in construction order. They are namespace-scope
-// objects constructed while the library loads, before any thread can reach
-// them, and live until the process ends; the array is written only then.
+// Every ForkSafeMutex of this library, in construction order. They are
+// namespace-scope objects constructed while the library loads, before any
+// thread can reach them, and live until the process ends; the array is
+// written only then. A lock past kMaxMutexes is not listed (a constructor
+// must not throw: the process would abort while loading the library) and
+// the module's initialisation refuses the import instead.
 constexpr int kMaxMutexes = 8;
 inline ForkSafeMutex* mutexes[kMaxMutexes] = {};
 inline int count = 0;
+inline bool overflowed = false;
+inline bool handlers_installed = false;  // by install_fork_handlers, under the GIL
 
 // A test-only hook (test/test_hardening_fork.py): the next acquisition of
 // `park_target` made without the GIL holds the lock for up to park_ms, or
@@ -70,10 +85,8 @@ class ForkSafeMutex {
   explicit ForkSafeMutex(const char* name) : name_(name) {
     using namespace fork_safety;
     if (count == kMaxMutexes) {
-      throw std::logic_error("torch_ctxext: raise fork_safety::kMaxMutexes");
-    }
-    if (count == 0) {
-      pthread_atfork(&prepare, &parent, &child);
+      overflowed = true;  // install_fork_handlers() refuses the import
+      return;
     }
     mutexes[count++] = this;
   }
@@ -142,6 +155,27 @@ inline void child() {
   }
   park_target.store(nullptr);
   parked.store(false);
+}
+
+// Cover this library's locks with the handlers above. Called once by the
+// module's initialisation, after it claimed the engine hooks (under the
+// GIL, before any hook that takes a lock is placed); throws, and the import
+// fails, if a lock could not be listed or the handlers not registered.
+inline void install_fork_handlers() {
+  if (overflowed) {
+    throw std::logic_error(
+        "torch_ctxext: more fork-safe locks than fork_safety::kMaxMutexes "
+        "(csrc/fork_safety.h): raise it");
+  }
+  if (handlers_installed || count == 0) {
+    return;
+  }
+  const int error = pthread_atfork(&prepare, &parent, &child);
+  if (error != 0) {
+    throw std::runtime_error(
+        std::string("torch_ctxext: pthread_atfork failed: ") + std::strerror(error));
+  }
+  handlers_installed = true;
 }
 
 // The names of the locks so covered (for tests and `info`).

@@ -274,7 +274,10 @@ PyMethodDef input_grad_buffers_property_def = {
 #define PyInit__C pybind11_PyInit__C
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_ctxext engine hooks (internal; use torch_ctxext)";
-  // PyInit__C checked that no other copy claimed the hooks.
+  // PyInit__C checked that no other copy claimed the hooks: this one will.
+  // Its locks are covered across fork() from now on (a refused copy never
+  // gets here, and registers nothing: fork_safety.h).
+  torch_ctxext::fork_safety::install_fork_handlers();
   py::module_::import("torch._C").attr(kClaimAttribute) =
       this_library_path() + " (module " + m.attr("__name__").cast<std::string>() + ")";
   m.attr("built_for_torch") = TORCH_CTXEXT_BUILT_FOR_TORCH;

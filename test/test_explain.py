@@ -136,6 +136,27 @@ def test_exposed_and_no_earlier_producer():
 
 
 @needs_extension
+@pytest.mark.parametrize("names_what_it_wraps", [True, False])
+def test_the_reasons_are_the_extensions_where_something_wrapped_the_property(monkeypatch, names_what_it_wraps):
+    """A profiler or a debugging patch that wrapped ctx.input_grad_buffers
+    (with functools.wraps or not) leaves explain(ctx) and the report of
+    `with explain()` with the extension's reasons."""
+    real = FunctionCtx.__dict__["input_grad_buffers"]
+
+    def wrapped(ctx):
+        return real.fget(ctx)
+
+    if names_what_it_wraps:
+        wrapped.__wrapped__ = real.fget
+    monkeypatch.setattr(FunctionCtx, "input_grad_buffers", property(wrapped))
+    x, z = leaves()
+    assert run(lambda: Probe.apply(x, z).sum() + (x * C).sum())["before"].codes == ("exposed", "no_earlier_producer")
+    with explain() as report:
+        run(lambda: Probe.apply(x, z).sum() + (x * C).sum())
+    assert report[Probe].reasons["no earlier producer"] == 1, report
+
+
+@needs_extension
 def test_not_a_tensor_argument():
     x, _ = leaves()
     seen = run(lambda: Probe.apply(x, 3).sum())

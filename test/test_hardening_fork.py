@@ -11,9 +11,19 @@ region (a test-only hook of the extension), forks right then, and lets the
 child run backward passes; the parent waits for the child with a bound and
 kills it if it hangs.
 
-Run directly (``python test_hardening_fork.py LOCK``) it is that subprocess.
+Copies of the extension refused in the process (another path, a package
+that vendors torch_ctxext) must leave the loaded copy's locks as they were:
+each copy's list of locks is its own (csrc/fork_safety.h), and a refused
+copy registers no fork handler (seen through an interposer of glibc's
+__register_atfork, behind every pthread_atfork).
+
+Run directly (``python test_hardening_fork.py LOCK [REFUSED_COPY...]``) it is
+that subprocess; it first loads each REFUSED_COPY (a copy of the library),
+which must be refused.
 """
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,10 +36,10 @@ CHILD_BOUND_S = 20  # a backward of a few nodes takes milliseconds
 PARK_MS = 1000  # how long the training thread sits inside the locked region
 
 
-def run_case(lock, extra_env=None):
+def run_case(lock, extra_env=None, refused_copies=()):
     env = dict(os.environ, **(extra_env or {}))
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), lock],
+        [sys.executable, os.path.abspath(__file__), lock, *map(str, refused_copies)],
         capture_output=True,
         text=True,
         timeout=CHILD_BOUND_S + 120,
@@ -45,27 +55,99 @@ def loaded_extension():
     return _extension.load() if _extension.loaded else None
 
 
-@pytest.mark.parametrize(
-    "lock, env",
-    [
-        ("output_grad_dtype", {}),
-        # The InputBuffer::add hook is placed only where the engine has
-        # device threads, unless asked for.
-        ("direct_accumulation", {"TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS": "always"}),
-        # No lock at all: a fork while another thread trains, as a control
-        # (and the whole test on native torch 2.15).
-        ("none", {}),
-    ],
-)
-def test_child_forked_while_an_engine_thread_holds_a_lock_can_run_backward(lock, env):
-    ext = loaded_extension()
+LOCKS = [
+    ("output_grad_dtype", {}),
+    # The InputBuffer::add hook is placed only where the engine has
+    # device threads, unless asked for.
+    ("direct_accumulation", {"TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS": "always"}),
+    # No lock at all: a fork while another thread trains, as a control
+    # (and the whole test on native torch 2.15).
+    ("none", {}),
+]
+
+
+def skip_unless_taken(lock, ext):
     old_side = ext.boundaries if ext is not None else {}
     if lock == "output_grad_dtype" and not old_side.get("ENGINE_CASTS_TO_OPTIONS_DTYPE"):
         pytest.skip("no validate_outputs wrapper on this torch (torch > 2.9 or native)")
     if lock == "direct_accumulation" and old_side.get("ADD_WITHOUT_CONSUMER_NODE", True):
         pytest.skip("no InputBuffer::add hook on this torch (torch <= 2.9 or native)")
+
+
+@pytest.mark.parametrize("lock, env", LOCKS)
+def test_child_forked_while_an_engine_thread_holds_a_lock_can_run_backward(lock, env):
+    skip_unless_taken(lock, loaded_extension())
     code, output = run_case(lock, env)
     assert code == 0, output
+    assert "child: ok" in output, output
+
+
+# More copies than fork_safety.h lists locks (kMaxMutexes, 8), at one lock a copy.
+REFUSED_COPIES = 9
+
+# Preloaded into the subprocess: says which library registers fork handlers.
+# pthread_atfork is linked into each library from libc_nonshared.a and calls
+# libc's __register_atfork, which a preloaded library can interpose.
+FORK_HANDLER_LOG = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+using Handler = void (*)();
+extern "C" int __register_atfork(Handler prepare, Handler parent, Handler child, void* dso) {
+  using Register = int (*)(Handler, Handler, Handler, void*);
+  static const Register real = reinterpret_cast<Register>(dlsym(RTLD_NEXT, "__register_atfork"));
+  Handler any = prepare ? prepare : parent ? parent : child;
+  Dl_info info;
+  if (any != nullptr && dladdr(reinterpret_cast<void*>(any), &info) != 0 && info.dli_fname != nullptr) {
+    fprintf(stderr, "fork handlers registered by %s\n", info.dli_fname);
+  }
+  return real(prepare, parent, child, dso);
+}
+"""
+
+
+def fork_handler_log(directory):
+    """The interposer above, compiled into ``directory``."""
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if compiler is None:
+        pytest.skip("no C++ compiler to build the __register_atfork interposer")
+    source, library = os.path.join(directory, "fork_handler_log.cpp"), os.path.join(directory, "fork_handler_log.so")
+    with open(source, "w") as f:
+        f.write(FORK_HANDLER_LOG)
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", library, source, "-ldl"], check=True)
+    return library
+
+
+def registrations(output):
+    """The libraries that registered fork handlers, by their real paths."""
+    prefix = "fork handlers registered by "
+    return [os.path.realpath(line[len(prefix):]) for line in output.splitlines() if line.startswith(prefix)]
+
+
+@pytest.mark.parametrize("lock, env", LOCKS[:2])
+def test_copies_refused_in_the_process_leave_the_loaded_copys_locks_fork_safe(lock, env, tmp_path):
+    """Any number of copies of the library loaded after the first one (each
+    from its own path) are refused and change nothing: the process goes on,
+    the loaded copy still lists its own locks and nothing else, no refused
+    copy registers fork handlers, and a child forked while an engine thread
+    holds one of the loaded copy's locks runs backward."""
+    ext = loaded_extension()
+    if ext is None:
+        pytest.skip("no extension loaded (native torch 2.15)")
+    skip_unless_taken(lock, ext)
+    from torch_ctxext._ext import loader as _extension
+
+    copies = []
+    for i in range(REFUSED_COPIES):
+        (tmp_path / str(i)).mkdir()
+        copies.append(shutil.copyfile(_extension.loaded.path, tmp_path / str(i) / "_C.so"))
+    preload = " ".join(filter(None, [os.environ.get("LD_PRELOAD"), fork_handler_log(str(tmp_path))]))
+    code, output = run_case(lock, dict(env, LD_PRELOAD=preload), copies)
+    assert code == 0, output
+    assert f"refused copies: {REFUSED_COPIES} of {REFUSED_COPIES}" in output, output
+    assert f"locks after them: {sorted(ext.fork_safe_locks())}" in output, output
+    registered = registrations(output)
+    assert registered.count(os.path.realpath(_extension.loaded.path)) == 1, output
+    assert [path for path in registered if path.startswith(os.path.realpath(tmp_path))] == [], output
     assert "child: ok" in output, output
 
 
@@ -82,7 +164,20 @@ def test_every_lock_the_engine_takes_without_the_gil_is_fork_safe():
 # --- the subprocess --------------------------------------------------------------
 
 
-def _main(lock):
+def _load_refused_copies(paths):
+    """Load each copy of the library, under a name of its own; each must be
+    refused (an ImportError naming the loaded copy)."""
+    refused = 0
+    for i, path in enumerate(paths):
+        spec = importlib.util.spec_from_file_location(f"refused_copy_{i}._C", path)
+        try:
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        except ImportError as error:
+            refused += "another copy of torch_ctxext's C++ extension is already loaded" in str(error)
+    print(f"refused copies: {refused} of {len(paths)}", flush=True)
+
+
+def _main(lock, refused_copies):
     import torch
     from engine_hook_functions import Uncast, fused_backward, uncast_backward
 
@@ -90,6 +185,9 @@ def _main(lock):
     from torch_ctxext._ext import loader as _extension
 
     ext = _extension.load() if _extension.loaded else None
+    if refused_copies:
+        _load_refused_copies(refused_copies)
+        print(f"locks after them: {sorted(ext.fork_safe_locks())}", flush=True)
 
     def uncast_step():
         x = uncast_backward()
@@ -171,7 +269,7 @@ def _main(lock):
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    _main(sys.argv[1], sys.argv[2:])
 
 
 def test_a_child_forked_while_a_thread_holds_explains_locks_can_explain():

@@ -188,12 +188,17 @@ def _reason(index, code, detail=None, note=""):
 
 
 def _extension():
-    """The C++ extension when it provides input_grad_buffers, else None."""
-    if _features.features()["input_grad_buffers"] != "torch_ctxext":
-        return None
-    from ._ext import loader as ext
-
-    return ext.load()
+    """The C++ extension behind ``ctx.input_grad_buffers`` as installed now
+    (this copy's, or that of the copy of torch_ctxext that installed it),
+    else None. Never loads or builds one: explain(ctx) runs inside a user's
+    backward, on an engine thread (_features.extension_behind)."""
+    ext = _features.extension_behind("input_grad_buffers")
+    if (ext is None and "input_grad_buffers" not in _features.UNAVAILABLE
+            and _features.features()["input_grad_buffers"] == "torch_ctxext"):
+        # Replaced by a wrapper that does not say what it wraps
+        # (``__wrapped__``): the extension loaded for this copy, if any.
+        ext = _features.loaded_extension()
+    return ext
 
 
 def function_name(ctx):
@@ -352,17 +357,31 @@ def _renew_locks_after_fork():
 
 os.register_at_fork(after_in_child=_renew_locks_after_fork)
 _observers = []  # [(callback, wants_reasons)]
-_original = None  # the property replaced while observers are active
+# While observers are active: the property replaced, and the extension behind
+# it (found when the first observer entered, on its thread), as one tuple.
+_wrapped = None
 _wrapper = None
+
+
+def _observing(original):
+    """The property that replaces ``original`` while observers are active.
+    Its getter names the getter it wraps (``__wrapped__``), so that what
+    provides the member is still found through it (_features.extension_behind),
+    by this copy of torch_ctxext or another one."""
+
+    def observed_get(ctx):
+        return _observed_get(ctx)
+
+    observed_get.__wrapped__ = original.fget
+    return property(observed_get, doc=original.__doc__)
 
 
 def _observed_get(ctx):
     observers = _observers  # replaced, never mutated: a consistent snapshot
     # A reader racing the last observer's exit finds the original restored.
-    original = _original or FunctionCtx.__dict__["input_grad_buffers"]
+    original, ext = _wrapped or (FunctionCtx.__dict__["input_grad_buffers"], None)
     raw = None
     if any(wants for _, wants in observers):
-        ext = _extension()
         if ext is not None:
             try:
                 # Before the read: the tuple the getter returns will own the
@@ -384,7 +403,7 @@ def observe(callback, wants_reasons=False):
     """Call ``callback(ctx, result, raw_reasons)`` after every read of
     ``ctx.input_grad_buffers`` while the block runs. ``result`` is the tuple
     handed to the reader: the callback must not keep it or its tensors."""
-    global _observers, _original, _wrapper
+    global _observers, _wrapped, _wrapper
     entry = (callback, wants_reasons)
     with _lock:
         current = FunctionCtx.__dict__.get("input_grad_buffers")
@@ -394,8 +413,8 @@ def observe(callback, wants_reasons=False):
                 f"torch_ctxext first (it provides it on torch {_PROVIDED_ON})"
             )
         if not _observers:
-            _original = current
-            _wrapper = property(_observed_get, doc=current.__doc__)
+            _wrapped = (current, _extension())
+            _wrapper = _observing(current)
             FunctionCtx.input_grad_buffers = _wrapper
         _observers = _observers + [entry]
     try:
@@ -407,8 +426,8 @@ def observe(callback, wants_reasons=False):
             _observers = remaining
             if not remaining:
                 if FunctionCtx.__dict__.get("input_grad_buffers") is _wrapper:
-                    FunctionCtx.input_grad_buffers = _original
-                _original = _wrapper = None
+                    FunctionCtx.input_grad_buffers = _wrapped[0]
+                _wrapped = _wrapper = None
 
 
 # --- the context-manager report -----------------------------------------------

@@ -111,8 +111,21 @@ def record_native():
         _NATIVE[name] = hasattr(_owner(name), name) and not other
 
 
-def _installed_by_another_copy(name):
-    """The module of the torch_ctxext copy that installed ``name``, if one did."""
+# This copy of the package: torch_ctxext, or the name a library vendors it under.
+PACKAGE = __name__.rpartition(".")[0]
+# The modules a copy installs its members from, in its own package; anything
+# else (torch's own, a user's patch) is no copy's.
+_INSTALLERS = (
+    "._backport.input_grad_buffers", "._backport.output_grad_dtype", "._backport.boxed_grads",
+    "._input_grad_buffers", "._output_grad_dtype", "._boxed_grads",  # before the _backport layer
+)
+
+
+def _installer_of(name):
+    """The module (its name) of the torch_ctxext copy, this one or another,
+    whose installer put ``name`` in place as it is now, or None. Wrappers that
+    name what they wrap (``__wrapped__``: explain()'s observer) are seen
+    through."""
     import inspect
 
     try:
@@ -120,16 +133,40 @@ def _installed_by_another_copy(name):
     except AttributeError:
         return None
     function = member.fget if isinstance(member, property) else member
+    try:
+        function = inspect.unwrap(function)
+    except ValueError:  # a cycle of __wrapped__
+        return None
     module = getattr(function, "__module__", None) or ""
-    if module == __name__.rsplit(".", 1)[0] or module.startswith(__name__.rsplit(".", 1)[0] + "."):
-        return None  # this copy (a second import of the same package)
-    # A copy installs its members from these modules of its own package;
-    # anything else (torch's own, a user's patch) is not another copy.
-    installers = (
-        "._backport.input_grad_buffers", "._backport.output_grad_dtype", "._backport.boxed_grads",
-        "._input_grad_buffers", "._output_grad_dtype", "._boxed_grads",  # before the _backport layer
-    )
-    return module if module.endswith(installers) else None
+    return module if module.endswith(_INSTALLERS) else None
+
+
+def _installed_by_another_copy(name):
+    """The module of the torch_ctxext copy that installed ``name``, if one did."""
+    module = _installer_of(name)
+    if module is None or module.startswith(PACKAGE + "."):
+        return None  # no copy's, or this copy's (a second import of the same package)
+    return module
+
+
+def extension_behind(name):
+    """The C++ extension that member ``name``, as installed now, reads
+    through: the ``_C`` of the torch_ctxext copy whose installer put it there
+    (this copy, or one vendored under another name that was imported first),
+    or None where torch provides it natively, no copy's extension provides it
+    or something else replaced it.
+
+    Only a library already loaded is returned: nothing is loaded, refused or
+    built here, so that explain() and the checker may ask from an engine
+    thread, inside a user's backward. (One copy's extension per process:
+    csrc/module.cpp, PyInit__C.)
+    """
+    import sys
+    import types
+
+    module = sys.modules.get(_installer_of(name) or "")
+    extension = getattr(module, "_C", None)
+    return extension if isinstance(extension, types.ModuleType) else None
 
 
 def _owner(name):
@@ -222,14 +259,21 @@ def boundaries():
     extension was compiled with, ``{name: on its old side}`` (its
     ``boundaries``, checked against ``_releases`` at load), or None where no
     extension is loaded (native torch 2.15, a failed build)."""
-    ext = _loaded_extension()
+    ext = loaded_extension()
     return dict(ext.boundaries) if ext is not None else None
 
 
-def _loaded_extension():
+def loaded_extension():
+    """The C++ extension loaded in this process for this copy: its own, or
+    where another copy installed its members (a vendored copy imported
+    second), that copy's, whose build its routes describe. None where
+    neither is loaded. Never loads one."""
     import sys
 
-    return sys.modules.get("torch_ctxext._C")
+    own = sys.modules.get(PACKAGE + "._C")
+    if own is not None:
+        return own
+    return next((ext for ext in map(extension_behind, OTHER_COPY) if ext is not None), None)
 
 
 def _route(name):

@@ -159,8 +159,20 @@ def extra_compile_args():
     them: with csrc/engine_layout.h not including ATen/ATen.h, 3 s less of
     each translation unit (16.0 to 13.0 s, both units side by side, torch
     2.13, 2 cores). A source that calls an at:: operator includes its
-    ATen/ops/<name>.h."""
-    return ["-O2", "-DNDEBUG", "-DAT_PER_OPERATOR_HEADERS", "-Wno-invalid-offsetof"] + os.environ.get("TORCH_CTXEXT_EXTRA_CFLAGS", "").split()
+    ATen/ops/<name>.h.
+
+    -fvisibility=hidden -fvisibility-inlines-hidden: the library exports
+    its module's initialisation (PyInit__C) and nothing of its own beyond
+    it. A second copy of it in the process (another path, a package that
+    vendors torch_ctxext) must share no state with this one: with default
+    visibility, an inline variable or a function-local static of an inline
+    function (csrc/fork_safety.h's list of locks) is an STB_GNU_UNIQUE
+    symbol, which the dynamic linker merges across every library that
+    defines it, RTLD_LOCAL or not."""
+    return [
+        "-O2", "-DNDEBUG", "-DAT_PER_OPERATOR_HEADERS", "-Wno-invalid-offsetof",
+        "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+    ] + os.environ.get("TORCH_CTXEXT_EXTRA_CFLAGS", "").split()
 
 
 def extra_link_args():

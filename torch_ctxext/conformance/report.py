@@ -16,7 +16,13 @@ def extension_lines():
     from .._features import UNAVAILABLE
 
     loaded = loader.loaded
-    if loaded is None:
+    other = _features.loaded_extension() if loaded is None and _features.OTHER_COPY else None
+    if other is not None:
+        # A vendored copy imported second: its members are the first copy's.
+        owner = getattr(torch._C, loader.HOOKS_OWNER, None) or other.__name__
+        where = f"another copy's, loaded first: {owner}"
+        built_for = f"{other.built_for_torch} (git {other.built_for_git_version[:12]})"
+    elif loaded is None:
         if UNAVAILABLE:
             where = f"not loaded: {next(iter(UNAVAILABLE.values()))}"
         else:
