@@ -1,12 +1,14 @@
-"""A drop-in ``nn.Linear`` whose backward accumulates into the engine's buffers.
+"""``FusedLinear``: a drop-in ``nn.Linear`` whose backward accumulates into the engine's buffers.
 
-Copy this file into your project. ``FusedLinear`` is an ``nn.Linear`` (same
-parameters, same ``state_dict``, same ``__init__``): swap it in where a weight
-is used several times inside one backward (a layer shared across depth as in
-ALBERT, an unrolled recurrent cell, micro-batches applied to one weight) and
-each use after the first adds its weight gradient straight into the buffer
-the engine already holds (``addmm_``, one kernel, no temporary) instead of
-returning a new ``D_out x D_in`` tensor for the engine to add.
+``FusedLinear`` is an ``nn.Linear`` (same parameters, same ``state_dict``,
+same ``__init__``): where a weight is used several times inside one backward
+(a layer shared across depth as in ALBERT, an unrolled recurrent cell,
+micro-batches applied to one weight), each use after the first adds its
+weight gradient straight into the buffer the engine already holds
+(``addmm_``, one kernel, no temporary) instead of returning a new
+``D_out x D_in`` tensor for the engine to add. ``torch_ctxext.nn.fuse(model)``
+swaps it in for every ``nn.Linear`` of a model; ``torch_ctxext.advise``
+says where that pays.
 
 On torch 2.15 ``ctx.input_grad_buffers`` and ``ctx.set_output_grad_dtype``
 are native; on torch 2.6 to 2.14 ``import torch_ctxext`` provides them.
@@ -28,8 +30,12 @@ while the parameters stay float32: the Function then declares
 gradient, computes the weight and bias gradients in float32 and accumulates
 them into the float32 buffers without a cast.
 
+The bias's fused path still sums the output gradient over the rows
+(``g.sum(0)``, ``D_out`` elements): it saves the engine's add and the
+returned tensor, not that sum.
+
     >>> import torch
-    >>> from fused_linear import FusedLinear
+    >>> from torch_ctxext.nn import FusedLinear
     >>> layer = FusedLinear(8, 8)
     >>> x = torch.randn(4, 8)
     >>> loss = sum(layer(x * k).sum() for k in range(3))  # one weight, three uses
@@ -40,10 +46,7 @@ them into the float32 buffers without a cast.
 import torch
 import torch.nn.functional as F
 
-try:  # torch 2.6 to 2.14: adds the ctx members this torch lacks
-    import torch_ctxext  # noqa: F401
-except ImportError:  # torch 2.15 has them natively
-    pass
+from ._buffers import readable_buffers
 
 __all__ = ["FusedLinear", "FusedLinearFunction"]
 
@@ -75,13 +78,7 @@ class FusedLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
-        # Grad mode is on in backward only under create_graph=True (double
-        # backward), where the buffers are unavailable: use the fallback,
-        # which is differentiable. Tracers get the fallback too.
-        if ctx.fuse and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            x_buf, w_buf, b_buf, _ = ctx.input_grad_buffers
-        else:
-            x_buf = w_buf = b_buf = None
+        x_buf, w_buf, b_buf, _ = readable_buffers(ctx, ctx.fuse)
         g = _as_matrix(grad_out)
         grad_x = grad_w = grad_b = None
 
