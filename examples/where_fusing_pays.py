@@ -48,6 +48,17 @@ class Workload:
     def loss(self, model=None):
         return self.loss_of(self.model if model is None else model, *self.batch)
 
+    def to(self, device):
+        """The model and the batch moved to ``device``; returns self."""
+        def move(x):
+            if isinstance(x, torch.Tensor):
+                return x.to(device)
+            return type(x)(move(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+        self.model.to(device)
+        self.batch = move(self.batch)
+        return self
+
 
 class CausalSelfAttention(torch.nn.Module):
     """GPT-2's attention, written out (the same graph on every device)."""
@@ -94,6 +105,14 @@ class TiedLanguageModel(torch.nn.Module):
         self.ln_f = torch.nn.LayerNorm(dim)
         self.lm_head = torch.nn.Linear(dim, vocab, bias=False)
         self.lm_head.weight = self.wte.weight
+
+    def _apply(self, fn, *args, **kwargs):
+        # Moving to a device whose tensors cannot take the CPU ones' place
+        # (a PrivateUse1 backend, XLA) makes new Parameters: tie them again,
+        # as transformers' tie_weights() does.
+        super()._apply(fn, *args, **kwargs)
+        self.lm_head.weight = self.wte.weight
+        return self
 
     def forward(self, tokens):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
