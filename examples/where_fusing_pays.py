@@ -1,10 +1,11 @@
 """Four models in which one backward accumulates several gradients into one tensor, and their advice.
 
-    python examples/where_fusing_pays.py [MODEL ...]
+    python examples/where_fusing_pays.py [--fused] [MODEL ...]
 
 prints, for each model, what ``torch_ctxext.advise(model)`` reports over one
-training step with the stock modules: the page docs/where-fusing-pays.md
-shows this output. The models, all built in code (no downloads):
+training step with the stock modules (``--fused``: after
+``torch_ctxext.nn.fuse(model)``): the page docs/where-fusing-pays.md shows
+this output. The models, all built in code (no downloads):
 
 * ``albert``: examples/shared_layers.py's model, one block (LayerNorm,
   Linear, GELU, Linear, residual) applied ``depth`` times, the output
@@ -191,9 +192,13 @@ def micro_batches(features=32, hidden=64, classes=10, micro=4, batch=8, seed=0):
 MODELS = {"albert": albert, "gpt2": gpt2, "lstm": lstm, "micro-batches": micro_batches}
 
 
-def report_of(workload):
-    """The advice over one step of the workload (forward and backward)."""
+def report_of(workload, fused=False):
+    """The advice over one step of the workload (forward and backward), with
+    its stock modules or, ``fused``, the drop-ins swapped in."""
     import torch_ctxext
+
+    if fused:
+        torch_ctxext.nn.fuse(workload.model)
 
     with torch_ctxext.advise(workload.model) as report:
         workload.loss().backward()
@@ -202,6 +207,7 @@ def report_of(workload):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fused", action="store_true", help="swap the drop-ins in first (torch_ctxext.nn.fuse)")
     parser.add_argument("models", nargs="*", metavar="MODEL", help=f"any of {', '.join(MODELS)} (default: all)")
     args = parser.parse_args(argv)
     unknown = [m for m in args.models if m not in MODELS]
@@ -210,8 +216,8 @@ def main(argv=None):
     for i, name in enumerate(args.models or MODELS):
         if i:
             print()
-        print(f"$ python examples/where_fusing_pays.py {name}")
-        print(report_of(MODELS[name]()))
+        print(f"$ python examples/where_fusing_pays.py {'--fused ' if args.fused else ''}{name}")
+        print(report_of(MODELS[name](), fused=args.fused))
     return 0
 
 

@@ -61,7 +61,7 @@ def test_the_table_lists_the_largest_saving_first_with_its_drop_in():
     rows = str(report).splitlines()
     names = [s.name for s in report.slots]
     assert names == ["0.weight", "1.weight", "0.bias", "1.bias"]
-    positions = [next(i for i, r in enumerate(rows) if f"  {n}  <- " in r) for n in names]
+    positions = [next(i for i, r in enumerate(rows) if f"  {n} <- " in r) for n in names]
     assert positions == sorted(positions)
     assert "0: Linear -> torch_ctxext.nn.FusedLinear" in str(report)
 

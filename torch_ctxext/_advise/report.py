@@ -93,6 +93,8 @@ class FunctionAdvice:
     def __str__(self):
         line = (f"{self.function}: {self.reads} read(s), {self.exposed} exposed, "
                 f"{self.used} used, {self.fell_back} fell back")
+        if self.not_applicable:
+            line += f", {self.not_applicable} not applicable"
         if self.reasons:
             line += " (" + "; ".join(f"{n} x {why}" for why, n in self.reasons.most_common()) + ")"
         return line
@@ -156,6 +158,10 @@ def account(slot, arrivals, out_of_place, create_graph):
     slot.avoidable_bytes = sum(b for _, b in savings)
     slot.avoidable_peak_bytes = max(events, default=0)
     return savings
+
+
+def _count(n, noun):
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _natural(name):
@@ -268,27 +274,25 @@ class AdviceReport:
         slots = self.slots
         temporaries = sum(s.temporaries + s.summed_out_of_place for s in slots)
         lines = [
-            f"torch_ctxext.advise: {self.backwards} backward(s); {len(slots)} tensor(s) "
+            f"torch_ctxext.advise: {_count(self.backwards, 'backward')}; {_count(len(slots), 'tensor')} "
             "received more than one gradient",
-            f"  gradient temporaries allocated to accumulate them: {temporaries} "
-            f"({fmt_bytes(self.temporary_bytes)})",
-            f"  fusing avoided {fmt_bytes(self.avoided_bytes)}; the drop-ins would avoid "
-            f"{fmt_bytes(self.avoidable_bytes)} more, at most {fmt_bytes(self.avoidable_peak_bytes)} "
-            "of it at one time",
+            f"  temporaries allocated to accumulate them: {_count(temporaries, 'gradient')}, "
+            f"{fmt_bytes(self.temporary_bytes)}",
+            f"  fusing avoided {fmt_bytes(self.avoided_bytes)}; the drop-ins would save "
+            f"{fmt_bytes(self.avoidable_bytes)} more (at most {fmt_bytes(self.avoidable_peak_bytes)} "
+            "of it at one time)",
         ]
         if slots:
-            rows = [("could save", "temporaries", "gradient", "fused", "tensor", "producers")]
+            rows = [("could save", "temporaries (+ sums)", "gradient", "fused", "tensor <- producers")]
             for s in slots:
                 temps = f"{s.temporaries}" + (f" + {s.summed_out_of_place} sum" if s.summed_out_of_place else "")
                 name = s.name + (f" (tied: {', '.join(s.tied)})" if s.tied else "")
                 rows.append((fmt_bytes(s.avoidable_bytes) if s.avoidable_bytes else "-",
                              f"{temps}, {fmt_bytes(s.temporary_bytes)}", fmt_bytes(s.grad_bytes),
-                             str(s.fused), name, _producers_summary(s.producers)))
+                             str(s.fused), f"{name} <- {_producers_summary(s.producers)}"))
             widths = [max(len(r[i]) for r in rows) for i in range(4)]
             lines.append("")
-            for r in rows:
-                cells = [r[i].rjust(widths[i]) for i in range(4)]
-                lines.append("  " + "  ".join(cells + [r[4]]) + ("  <- " + r[5] if r is not rows[0] else ""))
+            lines += ["  " + "  ".join([r[i].rjust(widths[i]) for i in range(4)] + [r[4]]) for r in rows]
         if self.drop_ins:
             lines += ["", "drop-ins (torch_ctxext.nn.fuse(model) swaps them all in):"]
             for d in self._drop_ins_sorted():
