@@ -10,12 +10,16 @@ For each model of ``examples/where_fusing_pays.py`` (built with stock
   ``avoidable_bytes``, the gradient temporaries the drop-ins would not
   allocate, and ``avoidable_peak_bytes``, the most of them alive at one time;
   "one gradient" is the largest gradient among the tensors it would fuse;
-* **measured on the CPU** (exact): one more backward of the stock model and
-  of ``torch_ctxext.nn.fuse(model)`` (after two warm-up steps, gradients set
-  to None) under ``torch.profiler`` with ``profile_memory=True``: the bytes of
-  every allocation the CPU allocator made, and the peak of the running sum
-  of allocations and frees (bench.py's method); the drop of each, stock minus
-  fused, and the largest difference between their gradients;
+* **measured on the CPU** (exact): the stock model and
+  ``torch_ctxext.nn.fuse(model)``, after two warm-up steps, under
+  ``torch.profiler`` with ``profile_memory=True`` (bench.py's method): one
+  backward, for the bytes of every allocation the CPU allocator made in it;
+  and one whole step (forward and backward, the previous gradients freed
+  before), for its peak: the maximum of the running sum of its allocations
+  and frees, i.e. above what was live before the step (frees of blocks older
+  than a profiling session are not reported, so the backward alone would
+  miss the release of the forward's activations); the drop of each, stock
+  minus fused, and the largest difference between their gradients;
 * **measured on the test device** (where ``torch_ctxext_testdevice`` is
   installed; sampled): the same backwards on ``testdevice``, whose allocator
   counts live bytes only (``counters()``): a thread reads them in a loop
@@ -94,9 +98,17 @@ def measure_advise_memory(model, sizes):
         for _ in range(2):  # warm-up: first-call allocations
             workload.model.zero_grad(set_to_none=True)
             workload.loss().backward()
+        # The backward alone: every allocation it makes.
         workload.model.zero_grad(set_to_none=True)
         loss = workload.loss()
-        result["memory"][variant] = bench.backward_peak_bytes(loss.backward)
+        backward = bench.backward_peak_bytes(loss.backward)
+        # The whole step: the peak, exact (every block freed in it was
+        # allocated in it; the last step's gradients are freed before).
+        workload.model.zero_grad(set_to_none=True)
+        del loss
+        step = bench.backward_peak_bytes(lambda: workload.loss().backward())
+        result["memory"][variant] = {"allocated_bytes": backward["allocated_bytes"],
+                                     "peak_bytes": step["peak_bytes"]}
         grads[variant] = {n: p.grad for n, p in workload.model.named_parameters()}
     result["max_grad_difference"] = _max_difference(grads["stock"], grads["fused"])
     return result
@@ -266,20 +278,22 @@ def drops(side):
 
 
 def memory_table(results):
-    out = ["| model | side | predicted: avoidable MiB | measured: allocations' drop MiB | difference "
-           "/ one gradient | predicted: at most off the peak MiB | measured: peak's drop MiB (stock → fused) "
-           "| gradients: largest difference |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| model | side | predicted: avoidable MiB | measured: the backward's allocations drop by MiB "
+           "| difference / one gradient | predicted: at most off the peak MiB | measured: the step's peak "
+           "drops by MiB (stock → fused) | difference / one gradient | gradients: largest difference |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for row in results["rows"]:
         for s in sides(results):
             side = row[s]
             p = side["predicted"]
+            one = p["one_gradient_bytes"]
             allocated, peak = drops(side)
             m = side["memory"]
             out.append(
                 f"| {row['model']} | {bench.SIDE_NAMES[s]} | {_mib(p['avoidable_bytes'])} | {_mib(allocated)} | "
-                f"{(allocated - p['avoidable_bytes']) / p['one_gradient_bytes']:+.3f} | "
-                f"{_mib(p['avoidable_peak_bytes'])} | {_mib(peak)} ({_mib(m['stock']['peak_bytes'])} → "
-                f"{_mib(m['fused']['peak_bytes'])}) | {side['max_grad_difference']:.2g} |")
+                f"{(allocated - p['avoidable_bytes']) / one:+.3f} | {_mib(p['avoidable_peak_bytes'])} | "
+                f"{_mib(peak)} ({_mib(m['stock']['peak_bytes'])} → {_mib(m['fused']['peak_bytes'])}) | "
+                f"{(peak - p['avoidable_peak_bytes']) / one:+.3f} | {side['max_grad_difference']:.2g} |")
     return "\n".join(out)
 
 
@@ -319,17 +333,21 @@ def sizes_table(results):
 
 
 def summary(results):
-    """One line per side: agreement of allocations, cost of advise, fused step time."""
+    """One line per side: agreement of allocations and peak, cost of advise,
+    fused step time."""
     lines = []
+    rows = results["rows"]
     for s in sides(results):
-        rows = results["rows"]
-        worst = max(abs(drops(r[s])[0] - r[s]["predicted"]["avoidable_bytes"]) / r[s]["predicted"]["one_gradient_bytes"]
-                    for r in rows)
+        def worst(i, key):
+            return max(abs(drops(r[s])[i] - r[s]["predicted"][key]) / r[s]["predicted"]["one_gradient_bytes"]
+                       for r in rows)
+
         advised = [r[s]["advised/stock"]["ratio"] for r in rows]
         fused = [r[s]["fused/stock"]["ratio"] for r in rows]
         lines.append(
-            f"{bench.SIDE_NAMES[s]}: the backward's allocations drop by advise's predicted bytes within "
-            f"{worst:.3f} of one gradient in every model; a step inside advise() takes "
-            f"{min(advised):.2f} to {max(advised):.2f} of one without it; fuse(model)'s step "
-            f"{min(fused):.2f} to {max(fused):.2f} of the stock modules'")
+            f"{bench.SIDE_NAMES[s]}: fuse(model) lowers the backward's allocations by advise's "
+            f"avoidable bytes within {worst(0, 'avoidable_bytes'):.3f} of one gradient and the step's "
+            f"peak by its avoidable peak within {worst(1, 'avoidable_peak_bytes'):.3f}, in every model; "
+            f"a step inside advise() takes {min(advised):.2f} to {max(advised):.2f} of one without it; "
+            f"fuse(model)'s step {min(fused):.2f} to {max(fused):.2f} of the stock modules'")
     return lines

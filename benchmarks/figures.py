@@ -214,8 +214,9 @@ def plot_advise(results, path, plt):
         ax_mem.bar(xs, [value(r, side) / 2**20 for r in rows], width, color=color, label=label)
     for j, r in enumerate(rows):
         one = r[side]["predicted"]["one_gradient_bytes"] / 2**20
-        predicted = r[side]["predicted"]["avoidable_bytes"] / 2**20
-        ax_mem.errorbar(j - 1.5 * width, predicted, yerr=one, color="black", capsize=3, lw=1)
+        for k, key in ((0, "avoidable_bytes"), (2, "avoidable_peak_bytes")):
+            x = j + (k - (len(bars) - 1) / 2) * width
+            ax_mem.errorbar(x, r[side]["predicted"][key] / 2**20, yerr=one, color="black", capsize=3, lw=1)
     ax_mem.set_xticks(range(len(rows)))
     ax_mem.set_xticklabels([r["model"] for r in rows])
     ax_mem.set_ylabel("MiB saved by fuse(model), one backward")
