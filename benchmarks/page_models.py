@@ -19,20 +19,32 @@ def _model_versions(results):
     return "; ".join(out)
 
 
-def model_section(results, figure):
-    """The section on the shared-layer model (Markdown)."""
+def _measured_by(module, part, results):
+    """The sentence naming the run that measured a model section."""
     m = results["machine"]
     la0, la1 = m.get("load_average_at_start"), m.get("load_average_at_end")
     load = f"{la0[0]:.2f} / {la1[0]:.2f}" if la0 and la1 else "unknown"
-    lines = [
-        "## A model that shows the gain: one block shared across depth",
-        "",
-        "Measured by `benchmarks/bench_model.py` (`python benchmarks/run_all.py --from-json docs/benchmarks.json --remeasure model "
-        "--torch-2-15 PYTHON_OF_TORCH_2.15`"
+    return (
+        f"Measured by `benchmarks/{module.__name__}.py` (`python benchmarks/run_all.py --from-json "
+        f"docs/benchmarks.json --remeasure {part} --torch-2-15 PYTHON_OF_TORCH_2.15`"
         + (" --quick" if results["quick"] else "")
         + f"; its own run: {results['date']}, {results['seconds']:.0f} s, checkout "
         f"{m.get('git_commit', '?')}, load average at start / end {load}; {_model_versions(results)}; "
-        "1 intra-op thread per worker).",
+        "1 intra-op thread per worker)."
+    )
+
+
+def _how(module):
+    return [f"How it is measured (from `benchmarks/{module.__name__}.py`):", "",
+            module.__doc__.split("\n\n", 2)[2].strip(), ""]
+
+
+def model_section(results, figure):
+    """The section on the shared-layer model (Markdown)."""
+    lines = [
+        "## A model that shows the gain: one block shared across depth",
+        "",
+        _measured_by(bench_model, "model", results),
         "",
         f"![Training step of the shared-layer model, fused / unfused]({figure})",
         "",
@@ -63,30 +75,16 @@ def model_section(results, figure):
             "earlier producer).",
             "",
         ]
-    lines += [
-        "How it is measured (from `benchmarks/bench_model.py`):",
-        "",
-        bench_model.__doc__.split("\n\n", 2)[2].strip(),
-        "",
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + _how(bench_model))
 
 
 def advise_section(results, figure):
     """The section on advise()'s prediction against fuse(model)'s saving (Markdown)."""
-    m = results["machine"]
-    la0, la1 = m.get("load_average_at_start"), m.get("load_average_at_end")
-    load = f"{la0[0]:.2f} / {la1[0]:.2f}" if la0 and la1 else "unknown"
     lines = [
         "## Where fusing pays: the advice against the measurement",
         "",
-        "Measured by `benchmarks/bench_advise.py` (`python benchmarks/run_all.py --from-json "
-        "docs/benchmarks.json --remeasure advise --torch-2-15 PYTHON_OF_TORCH_2.15`"
-        + (" --quick" if results["quick"] else "")
-        + f"; its own run: {results['date']}, {results['seconds']:.0f} s, checkout "
-        f"{m.get('git_commit', '?')}, load average at start / end {load}; {_model_versions(results)}; "
-        "1 intra-op thread per worker). The models are those of "
-        "[Where fusing pays](where-fusing-pays.md), at these sizes:",
+        _measured_by(bench_advise, "advise", results)[:-1]
+        + ". The models are those of [Where fusing pays](where-fusing-pays.md), at these sizes:",
         "",
         bench_advise.sizes_table(results),
         "",
@@ -111,10 +109,4 @@ def advise_section(results, figure):
             bench_advise.device_table(results),
             "",
         ]
-    lines += [
-        "How it is measured (from `benchmarks/bench_advise.py`):",
-        "",
-        bench_advise.__doc__.split("\n\n", 2)[2].strip(),
-        "",
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + _how(bench_advise))

@@ -10,36 +10,22 @@ from torch.autograd.function import BackwardCFunction, FunctionCtx
 
 import torch_ctxext
 from torch_ctxext._advise import graph
+from doubling_functions import doubling, fuse_into_buffer
 
 
-class Scale(torch.autograd.Function):
-    """x * 2; accumulates into x's buffer when it is exposed (``write``),
-    or reads it and returns its gradient anyway (``write=False``)."""
-
-    write = True
-
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, g):
-        (x_buffer,) = ctx.input_grad_buffers
-        if x_buffer is not None and Scale.write:
-            x_buffer.add_(g * 2)
-            return None
-        return g * 2
+def reads_but_returns(ctx, g):
+    """Reads x's buffer, then returns x's gradient anyway (the fallback)."""
+    ctx.input_grad_buffers
+    return g * 2
 
 
-@pytest.fixture
-def write():
-    yield
-    Scale.write = True
+Fused = doubling(fuse_into_buffer)  # y = 2x, adds into x's buffer where exposed
+Unfused = doubling(reads_but_returns)
 
 
-def two_uses(x):
-    """x read by sin (created last, so it runs first) and by Scale."""
-    return Scale.apply(x).sum() + x.sin().sum()
+def two_uses(x, function=Fused):
+    """x read by sin (created last, so it runs first) and by ``function``."""
+    return function.apply(x).sum() + x.sin().sum()
 
 
 def test_each_slot_has_the_required_keys_and_the_report_is_json_serialisable():
@@ -66,11 +52,11 @@ def test_the_table_lists_the_largest_saving_first_with_its_drop_in():
     assert "0: Linear -> torch_ctxext.nn.FusedLinear" in str(report)
 
 
-def test_a_function_that_writes_the_exposed_buffer_counts_it_used(write):
+def test_a_function_that_writes_the_exposed_buffer_counts_it_used():
     x = torch.randn(5, requires_grad=True)
     with torch_ctxext.advise() as report:
         two_uses(x).backward()
-    stats = report.functions["Scale"]
+    stats = report.functions["doubling.<locals>.F"]
     assert (stats.reads, stats.exposed, stats.used) == (1, 1, 1)
     slot = report.slots[0]
     assert (slot.name, slot.kind, slot.fused, slot.temporaries) == ("leaf tensor [5]", "tensor", 1, 0)
@@ -78,12 +64,11 @@ def test_a_function_that_writes_the_exposed_buffer_counts_it_used(write):
     torch.testing.assert_close(x.grad, 2 + x.detach().cos())
 
 
-def test_a_function_that_reads_a_buffer_but_returns_its_gradient_is_not_counted_used(write):
-    Scale.write = False
+def test_a_function_that_reads_a_buffer_but_returns_its_gradient_is_not_counted_used():
     x = torch.randn(5, requires_grad=True)
     with torch_ctxext.advise() as report:
-        two_uses(x).backward()
-    stats = report.functions["Scale"]
+        two_uses(x, Unfused).backward()
+    stats = report.functions["doubling.<locals>.F"]
     assert (stats.exposed, stats.used) == (1, 0)
     assert (report.slots[0].fused, report.slots[0].temporaries) == (0, 1)
 
@@ -91,8 +76,8 @@ def test_a_function_that_reads_a_buffer_but_returns_its_gradient_is_not_counted_
 def test_the_reasons_for_none_are_explains():
     x = torch.randn(5, requires_grad=True)
     with torch_ctxext.advise() as report:
-        Scale.apply(x).sum().backward()  # nothing ran before Scale
-    stats = report.functions["Scale"]
+        Fused.apply(x).sum().backward()  # nothing ran before it
+    stats = report.functions["doubling.<locals>.F"]
     assert (stats.reads, stats.exposed, stats.fell_back) == (1, 0, 1)
     if torch_ctxext.features()["input_grad_buffers"] == "torch_ctxext":
         assert dict(stats.reasons) == {"no earlier producer": 1}

@@ -102,19 +102,7 @@ class Advise:
         self.report.note(f"a backward could not be fully observed: {type(error).__name__}: {error}")
 
     def function_read(self, name, reasons):
-        stats = self.report.function(name)
-        stats.reads += 1
-        from .._explain import NOT_APPLICABLE
-
-        for r in reasons:
-            if r.exposed:
-                stats.exposed += 1
-                continue
-            if r.code in NOT_APPLICABLE:
-                stats.not_applicable += 1
-            else:
-                stats.fell_back += 1
-            stats.reasons[r.label] += 1
+        self.report.function(name).add_read(reasons)
 
     def function_returned(self, name, grads, written):
         if name in self.report.functions:

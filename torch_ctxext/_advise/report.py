@@ -3,6 +3,8 @@ import collections
 import re
 from dataclasses import dataclass, field
 
+from .._explain import FunctionBufferStats
+
 __all__ = ["AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice", "DropInAdvice", "account"]
 
 
@@ -72,18 +74,12 @@ class SlotAdvice:
 
 
 @dataclass
-class FunctionAdvice:
+class FunctionAdvice(FunctionBufferStats):
     """Reads of ``ctx.input_grad_buffers`` by one custom Function: entries
     exposed, buffers really written in place (``used``), entries that fell
     back to ``None`` and why (``explain()``'s labels)."""
 
-    function: str
-    reads: int = 0
-    exposed: int = 0
     used: int = 0
-    fell_back: int = 0
-    not_applicable: int = 0
-    reasons: collections.Counter = field(default_factory=collections.Counter)
 
     def as_dict(self):
         return {"reads": self.reads, "exposed": self.exposed, "used": self.used,
@@ -91,13 +87,7 @@ class FunctionAdvice:
                 "reasons": dict(self.reasons.most_common())}
 
     def __str__(self):
-        line = (f"{self.function}: {self.reads} read(s), {self.exposed} exposed, "
-                f"{self.used} used, {self.fell_back} fell back")
-        if self.not_applicable:
-            line += f", {self.not_applicable} not applicable"
-        if self.reasons:
-            line += " (" + "; ".join(f"{n} x {why}" for why, n in self.reasons.most_common()) + ")"
-        return line
+        return super().__str__().replace(" exposed, ", f" exposed, {self.used} used, ", 1)
 
 
 @dataclass
