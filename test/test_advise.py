@@ -13,6 +13,12 @@ from torch_ctxext._advise import graph
 from doubling_functions import doubling, fuse_into_buffer
 
 
+def reads_and_drops(ctx, g):
+    """Reads x's buffer and returns None without writing it (loses 2g)."""
+    ctx.input_grad_buffers
+    return None
+
+
 def reads_but_returns(ctx, g):
     """Reads x's buffer, then returns x's gradient anyway (the fallback)."""
     ctx.input_grad_buffers
@@ -21,6 +27,7 @@ def reads_but_returns(ctx, g):
 
 Fused = doubling(fuse_into_buffer)  # y = 2x, adds into x's buffer where exposed
 Unfused = doubling(reads_but_returns)
+Dropping = doubling(reads_and_drops)
 
 
 def two_uses(x, function=Fused):
@@ -73,6 +80,15 @@ def test_a_function_that_reads_a_buffer_but_returns_its_gradient_is_not_counted_
     assert (report.slots[0].fused, report.slots[0].temporaries) == (0, 1)
 
 
+def test_a_function_that_returns_none_without_writing_the_buffer_is_not_counted_used():
+    x = torch.randn(5, requires_grad=True)
+    with torch_ctxext.advise() as report:
+        two_uses(x, Dropping).backward()
+    stats = report.functions["doubling.<locals>.F"]
+    assert (stats.exposed, stats.used) == (1, 0)
+    assert (report.slots[0].fused, report.slots[0].temporaries) == (0, 0)
+
+
 def test_the_reasons_for_none_are_explains():
     x = torch.randn(5, requires_grad=True)
     with torch_ctxext.advise() as report:
@@ -100,6 +116,23 @@ def test_activations_are_named_by_the_op_that_made_them_and_the_module_call():
     (slot,) = [s for s in report.slots if s.kind == "activation"]
     assert slot.name == "TanhBackward0 in 1"
     assert sorted(p.op for p in slot.producers) == ["ExpBackward0", "MulBackward0"]
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.inner(x) * 2  # made by Outer, after inner returned
+
+
+def test_an_op_after_a_submodule_returned_belongs_to_the_module_that_ran_it():
+    model = Outer()
+    with torch_ctxext.advise(model) as report:
+        h = model(torch.randn(2, 4))
+        (h * h.exp()).sum().backward()
+    assert [s.name for s in report.slots if s.kind == "activation"] == ["MulBackward0 in Outer"]
 
 
 def test_backward_with_inputs_counts_only_the_producers_that_run():
