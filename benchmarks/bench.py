@@ -52,8 +52,8 @@ SIDE_NAMES = {"backport": "2.13 + torch_ctxext", "native": "native 2.15"}
 
 def backward_peak_bytes(run_backward):
     """Peak of the bytes allocated during run_backward() and not yet freed,
-    from the CPU allocator's events (see the module docstring), and the net
-    bytes still allocated at its end."""
+    from the CPU allocator's events (see the module docstring), the net
+    bytes still allocated at its end, and the bytes of every allocation."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -68,11 +68,12 @@ def backward_peak_bytes(run_backward):
         if type(fields).__name__ == "_ExtraFields_Allocation" and fields.device == torch.device("cpu"):
             events.append((node.start_time_ns, fields.alloc_size))
     events.sort(key=lambda e: e[0])
-    total = peak = 0
+    total = peak = allocated = 0
     for _, size in events:
         total += size
         peak = max(peak, total)
-    return {"peak_bytes": peak, "net_bytes": total, "events": len(events)}
+        allocated += max(size, 0)
+    return {"peak_bytes": peak, "net_bytes": total, "allocated_bytes": allocated, "events": len(events)}
 
 
 def worker_main(plugin, modules):

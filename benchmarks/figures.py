@@ -7,6 +7,7 @@ environment has it).
 import os
 import sys
 
+import bench_advise
 import bench_model
 from bench import SIDE_NAMES
 
@@ -16,6 +17,7 @@ FIGURES = {
     "time": "bench_fused_time.png",
     "memory": "bench_fused_memory.png",
     "model": "bench_model.png",
+    "advise": "bench_advise.png",
 }
 COLORS = {"backport": "#1f77b4", "native": "#ff7f0e"}
 
@@ -194,6 +196,53 @@ def plot_model(results, path, plt):
     plt.close(fig)
 
 
+def plot_advise(results, path, plt):
+    """Per model: predicted against measured saving (allocations, peak), and
+    the step time ratios (advise's cost, fuse's step)."""
+    rows = results["rows"]
+    ss = bench_advise.sides(results)
+    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.5, 1]})
+    bars = [("predicted: avoidable", lambda r, s: r[s]["predicted"]["avoidable_bytes"], "#9ecae1", None),
+            ("measured: allocations' drop", lambda r, s: bench_advise.drops(r[s])[0], "#1f77b4", None),
+            ("predicted: at most off the peak", lambda r, s: r[s]["predicted"]["avoidable_peak_bytes"],
+             "#fdd0a2", None),
+            ("measured: peak's drop", lambda r, s: bench_advise.drops(r[s])[1], "#ff7f0e", None)]
+    side = ss[0]
+    width = 0.8 / len(bars)
+    for i, (label, value, color, _) in enumerate(bars):
+        xs = [j + (i - (len(bars) - 1) / 2) * width for j in range(len(rows))]
+        ax_mem.bar(xs, [value(r, side) / 2**20 for r in rows], width, color=color, label=label)
+    for j, r in enumerate(rows):
+        one = r[side]["predicted"]["one_gradient_bytes"] / 2**20
+        for k, key in ((0, "avoidable_bytes"), (2, "avoidable_peak_bytes")):
+            x = j + (k - (len(bars) - 1) / 2) * width
+            ax_mem.errorbar(x, r[side]["predicted"][key] / 2**20, yerr=one, color="black", capsize=3, lw=1)
+    ax_mem.set_xticks(range(len(rows)))
+    ax_mem.set_xticklabels([r["model"] for r in rows])
+    ax_mem.set_ylabel("MiB saved by fuse(model), one backward")
+    ax_mem.set_title(f"{SIDE_NAMES[side]}: predicted (error bar: ± one gradient) against measured",
+                     fontsize=9)
+    ax_mem.legend(fontsize=7)
+    keys = [(s, k) for s in ss for k in ("advised/stock", "fused/stock")]
+    width = 0.8 / len(keys)
+    for i, (s, k) in enumerate(keys):
+        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(rows))]
+        vals = [r[s][k]["ratio"] for r in rows]
+        err = [[v - min(r[s][k]["min"], v) for v, r in zip(vals, rows)],
+               [max(r[s][k]["max"], v) - v for v, r in zip(vals, rows)]]
+        ax_time.bar(xs, vals, width, yerr=err, capsize=2, color=COLORS[s],
+                    alpha=1.0 if k == "fused/stock" else 0.45, label=f"{SIDE_NAMES[s]}: {k}")
+    ax_time.axhline(1.0, color="black", lw=0.8)
+    ax_time.set_xticks(range(len(rows)))
+    ax_time.set_xticklabels([r["model"] for r in rows])
+    ax_time.set_ylabel("training step time ratio")
+    ax_time.set_title("Step time: inside advise() and fused, over stock (bars: range)", fontsize=9)
+    ax_time.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
 def draw(results, out):
     """Every figure the results have data for, into OUT/img/."""
     plt = pyplot()
@@ -203,3 +252,5 @@ def draw(results, out):
     plot_fused_memory(results, os.path.join(out, IMG, FIGURES["memory"]), plt)
     if "model" in results:
         plot_model(results["model"], os.path.join(out, IMG, FIGURES["model"]), plt)
+    if "advise" in results:
+        plot_advise(results["advise"], os.path.join(out, IMG, FIGURES["advise"]), plt)

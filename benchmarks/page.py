@@ -10,6 +10,7 @@ summary, sections, and how it is measured.
 import math
 import os
 
+import bench_advise
 import bench_boxed_memory
 import bench_check_function
 import bench_fused
@@ -21,6 +22,7 @@ import bench_overhead
 import bench_releases
 import figures
 from figures import FIGURES, IMG
+from page_models import advise_section, model_section
 
 
 def _geomean(values):
@@ -74,6 +76,8 @@ def verdicts(results):
         )
     if "model" in results:
         lines += [f"* Shared-layer model, {line}." for line in bench_model.summary(results["model"])]
+    if "advise" in results:
+        lines += [f"* Where fusing pays, {line}." for line in bench_advise.summary(results["advise"])]
     if "install" in results:
         r = results["install"]
         lines.append(
@@ -303,6 +307,8 @@ def render_page(results, command):
         ]
     if "model" in results:
         lines += [model_section(results["model"], f"{IMG}/{FIGURES['model']}")]
+    if "advise" in results:
+        lines += [advise_section(results["advise"], f"{IMG}/{FIGURES['advise']}")]
     if "install" in results:
         r = results["install"]
         lines += [
@@ -352,70 +358,6 @@ def render_page(results, command):
             "",
         ]
     lines += ["## How it is measured", "", METHOD]
-    return "\n".join(lines)
-
-
-def _model_versions(results):
-    w = results["workers"]
-    out = []
-    if "backport" in w:
-        b = w["backport"]
-        out.append(f"torch {b['torch']} + torch_ctxext {b.get('torch_ctxext', '?')}")
-    if "native" in w:
-        out.append(f"native torch {w['native']['torch']} (torch_ctxext not imported)")
-    return "; ".join(out)
-
-
-def model_section(results, figure):
-    """The section on the shared-layer model (Markdown)."""
-    m = results["machine"]
-    la0, la1 = m.get("load_average_at_start"), m.get("load_average_at_end")
-    load = f"{la0[0]:.2f} / {la1[0]:.2f}" if la0 and la1 else "unknown"
-    lines = [
-        "## A model that shows the gain: one block shared across depth",
-        "",
-        "Measured by `benchmarks/bench_model.py` (`python benchmarks/run_all.py --from-json docs/benchmarks.json --remeasure model "
-        "--torch-2-15 PYTHON_OF_TORCH_2.15`"
-        + (" --quick" if results["quick"] else "")
-        + f"; its own run: {results['date']}, {results['seconds']:.0f} s, checkout "
-        f"{m.get('git_commit', '?')}, load average at start / end {load}; {_model_versions(results)}; "
-        "1 intra-op thread per worker).",
-        "",
-        f"![Training step of the shared-layer model, fused / unfused]({figure})",
-        "",
-        "Training step time (ms: median over rounds of each variant's fastest step) and the "
-        "ratios (median over rounds, range over rounds); lower is better:",
-        "",
-        bench_model.tables(results).split("\n\n")[0],
-        "",
-        "Peak of a whole training step above what was live before it (allocator events):",
-        "",
-        bench_model.tables(results).split("\n\n")[1],
-        "",
-        f"Loss curves ({results['losses']['steps']} SGD steps, lr 0.05, same initial weights and "
-        "batches; the largest difference between two curves):",
-        "",
-        bench_model.loss_table(results),
-        "",
-    ]
-    explained = results["losses"].get("backport", {}).get("explain")
-    if explained:
-        depth = results["losses"]["config"]["depth"]
-        lines += [
-            f"`torch_ctxext.explain()` over one fused backward (depth {depth}): "
-            f"{explained['reads']} reads of `ctx.input_grad_buffers`, {explained['exposed']} "
-            f"buffers exposed (weight and bias of fc1 and fc2 at {depth - 1} of their {depth} "
-            f"uses); {explained['fell_back']} tensor entries were None (each Linear's input, "
-            "used once, and each weight and bias at the use that runs backward first: no "
-            "earlier producer).",
-            "",
-        ]
-    lines += [
-        "How it is measured (from `benchmarks/bench_model.py`):",
-        "",
-        bench_model.__doc__.split("\n\n", 2)[2].strip(),
-        "",
-    ]
     return "\n".join(lines)
 
 

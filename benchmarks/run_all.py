@@ -14,6 +14,7 @@ own, which measures and tabulates its results:
     bench_releases.py        the same idle and read cost on each other release
     bench_fused.py           fused gradient accumulation: backward time and peak memory
     bench_model.py           a model sharing one block across depth: step time, peak, losses
+    bench_advise.py          advise()'s predicted saving against fuse(model)'s measured one
     bench_boxed_memory.py    boxed grads freed early: peak memory (with --torch-2-12)
     bench_check_function.py  torch_ctxext.testing.check_function's own time
     bench_import.py          the first import (the build) and the import from the cache
@@ -44,8 +45,9 @@ and, unless --out is given, writes into a temporary directory rather than docs/.
 ``--from-json`` measures nothing and redraws the page and figures from the
 raw results of an earlier run (to change the presentation, not the numbers);
 with ``--remeasure check_function``, ``--remeasure model`` (the shared-layer
-model of bench_model.py) or ``--remeasure install`` it measures that
-part again and keeps the rest:
+model of bench_model.py), ``--remeasure advise`` (bench_advise.py: the four
+models of examples/where_fusing_pays.py, needs --torch-2-15) or
+``--remeasure install`` it measures that part again and keeps the rest:
 
     python benchmarks/run_all.py --from-json docs/benchmarks.json --remeasure check_function \\
         --torch-2-13 PY213 --torch-2-15 PY215
@@ -88,6 +90,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import bench  # noqa: E402
+import bench_advise  # noqa: E402
 import bench_boxed_memory  # noqa: E402
 import bench_check_function  # noqa: E402
 import bench_fused  # noqa: E402
@@ -174,6 +177,9 @@ def markdown_tables(results):
         parts.append(bench_fused.fused_tables(results))
     if "model" in results:
         parts.append(bench_model.tables(results["model"]))
+    if "advise" in results:
+        parts.append(bench_advise.memory_table(results["advise"]))
+        parts.append(bench_advise.time_table(results["advise"]))
     return "\n\n".join(parts)
 
 
@@ -217,12 +223,15 @@ def parse_args(argv):
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
     )
     parser.add_argument(
-        "--remeasure", choices=["check_function", "model", "install", "releases", "read", "builds", "instructions", "import_cost"],
+        "--remeasure", choices=["check_function", "model", "advise", "install", "releases", "read", "builds", "instructions",
+                                "import_cost"],
         action="append", default=[],
         help="with --from-json: measure this part again (with --torch-2-13 / this "
         "interpreter and --torch-2-15 where given) and keep the rest of the earlier "
         "results; 'model' is the shared-layer model (benchmarks/bench_model.py, 5 to 8 "
-        "minutes, needs --torch-2-15); 'releases' the idle and read cost on each of "
+        "minutes, needs --torch-2-15); 'advise' advise()'s predicted saving against fuse(model)'s "
+        "on the four models of examples/where_fusing_pays.py (bench_advise.py, needs --torch-2-15); "
+        "'releases' the idle and read cost on each of "
         "--other-releases (read against --torch-2-15), merged release by release; "
         "'read' the read cost on 2.13 against --torch-2-15; 'builds' the first import "
         "(the build) from an empty cache on 2.13, --torch-2-15 and each of --other-releases; "
@@ -243,6 +252,10 @@ def remeasure(results, args, parser):
         if not args.torch_2_15:
             parser.error("--remeasure model needs --torch-2-15 (the native side)")
         results["model"] = bench_model.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
+    if "advise" in args.remeasure:
+        if not args.torch_2_15:
+            parser.error("--remeasure advise needs --torch-2-15 (the native side)")
+        results["advise"] = bench_advise.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
     if "read" in args.remeasure:
         if not args.torch_2_15:
             parser.error("--remeasure read needs --torch-2-15 (the native side)")
@@ -279,6 +292,7 @@ def measure(args):
         results["check_function"] = bench_check_function.compare(
             [args.torch_2_13 or sys.executable, args.torch_2_15])
     results["model"] = bench_model.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
+    results["advise"] = bench_advise.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
     return results
 
 

@@ -19,12 +19,13 @@ LAZY_LOADING = textwrap.dedent(
     import torch_ctxext
 
     def loaded():
-        return sorted(m for m in ("torch_ctxext.testing", "torch_ctxext._explain")
+        return sorted(m for m in ("torch_ctxext.testing", "torch_ctxext._explain",
+                                  "torch_ctxext._advise", "torch_ctxext.nn")
                       if m in sys.modules)
 
     assert loaded() == [], loaded()
-    assert {"testing", "explain"} <= set(dir(torch_ctxext)), dir(torch_ctxext)
-    assert {"testing", "explain", "features"} == set(torch_ctxext.__all__)
+    assert {"testing", "explain", "advise", "nn"} <= set(dir(torch_ctxext)), dir(torch_ctxext)
+    assert {"testing", "explain", "advise", "nn", "features"} == set(torch_ctxext.__all__)
 
     from torch_ctxext.testing import check_function
     assert "torch_ctxext.testing" in sys.modules
@@ -32,6 +33,10 @@ LAZY_LOADING = textwrap.dedent(
 
     from torch_ctxext import explain
     assert explain is torch_ctxext.explain is sys.modules["torch_ctxext._explain"].explain
+
+    from torch_ctxext import advise
+    assert advise is torch_ctxext.advise is sys.modules["torch_ctxext._advise"].advise
+    assert torch_ctxext.nn.fuse is sys.modules["torch_ctxext.nn"].fuse
 
     try:
         torch_ctxext.no_such_member
@@ -44,7 +49,7 @@ LAZY_LOADING = textwrap.dedent(
 )
 
 
-def test_import_torch_ctxext_loads_neither_the_checker_nor_explain_until_first_use():
+def test_import_torch_ctxext_loads_neither_the_checker_nor_explain_nor_advise_nor_nn_until_first_use():
     # A fresh process: this one has imported the checker already.
     result = subprocess.run([sys.executable, "-c", LAZY_LOADING], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

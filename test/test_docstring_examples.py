@@ -7,10 +7,12 @@ import torch_ctxext
 from torch_ctxext import _features
 from torch_ctxext._backport import input_grad_buffers as _input_grad_buffers
 from torch_ctxext._backport import output_grad_dtype as _output_grad_dtype
+from torch_ctxext.nn import embedding as _embedding, linear as _linear, rnn as _rnn
 
 
 @pytest.mark.parametrize(
-    "module", [_input_grad_buffers, _output_grad_dtype, _features], ids=lambda m: m.__name__
+    "module", [_input_grad_buffers, _output_grad_dtype, _features, _linear, _embedding, _rnn],
+    ids=lambda m: m.__name__,
 )
 def test_docstring_examples_run_as_written(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

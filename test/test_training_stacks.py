@@ -1,8 +1,8 @@
 """Fusion in the stacks people train with: DDP, FSDP2, checkpointing, autocast, torch.compile.
 
 Each case trains examples/shared_layers.py's model (one block applied DEPTH
-times; its Linear layers are examples/fused_linear.py's ``FusedLinear``, a
-Function that fuses through ``ctx.input_grad_buffers`` and declares
+times; its Linear layers are ``torch_ctxext.nn.FusedLinear``, a drop-in
+``nn.Linear`` whose Function fuses through ``ctx.input_grad_buffers`` and declares
 ``ctx.set_output_grad_dtype`` when autocast lowers its output) inside one
 stack, and the same model without fusion from the same initial weights, and
 checks:

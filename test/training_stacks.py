@@ -1,7 +1,7 @@
 """The training stacks of test_training_stacks.py: how each one trains the model.
 
 Each stack trains ``examples/shared_layers.py``'s model (one block applied
-``DEPTH`` times, its two Linear layers ``FusedLinear``) for ``STEPS`` SGD
+``DEPTH`` times, its two Linear layers ``torch_ctxext.nn.FusedLinear``) for ``STEPS`` SGD
 steps, and the same model built from a reference Linear, from the same
 initial weights on the same data. What a run returns (:class:`Outcome`):
 the loss of every step, the gradients after the last backward and the
@@ -29,10 +29,10 @@ import sys
 import torch
 
 import torch_ctxext
+from torch_ctxext.nn import FusedLinear
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
-from fused_linear import FusedLinear  # noqa: E402
 from shared_layers import SharedLayerModel, shifted_token_batch, token_loss  # noqa: E402
 
 VOCAB, DIM, HIDDEN, DEPTH = 32, 16, 32, 3

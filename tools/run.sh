@@ -212,9 +212,10 @@ test)
         venv=$(venv_for "$version")
         report "$version" "$venv/bin/python"
         accelerator_tests "$version" "$venv/bin/python"
-        echo "== where the releases differ (test/test_release_boundaries.py), torch $version"
+        echo "== where the releases differ (test/test_release_boundaries.py), advise's report and the drop-ins (test/test_advise_models.py, test/test_nn.py), torch $version"
         "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts= \
-            --rootdir "$root" "$root/test/test_release_boundaries.py"
+            --rootdir "$root" "$root/test/test_release_boundaries.py" "$root/test/test_advise_models.py" \
+            "$root/test/test_nn.py"
         import_tests "$version" "$venv/bin/python"
     done
     echo "== the compatibility matrix in the docs matches these reports"
@@ -236,11 +237,13 @@ test)
         python3 "$diff_dir/run.py" --compare "$out/diff-device-ref.json" "$out/diff-device-$version.json" \
             --allow "$diff_dir/deviations-device.txt" | sed -n '/^non-None buffers/,$p'
     done
-    echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile) and examples/, native $reference"
-    # Where fusion happens in each stack is pinned on $main + torch_ctxext above;
-    # native 2.15 is the reference behaviour, so the same tests must pass there.
+    echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile), examples/, advise's report and the drop-ins, native $reference"
+    # Where fusion happens in each stack, and what advise reports, is pinned on
+    # $main + torch_ctxext above; native 2.15 is the reference behaviour, so
+    # the same tests must pass there.
     PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
-        --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py"
+        --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py" \
+        "$root/test/test_advise_models.py" "$root/test/test_nn.py"
     echo "== documentation site (warnings are errors)"
     build_docs
     echo "== test: $(( $(date +%s) - start )) s"

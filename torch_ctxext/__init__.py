@@ -16,7 +16,7 @@ import importlib
 from . import _features
 from ._features import features
 
-__all__ = ["explain", "features", "testing"]
+__all__ = ["advise", "explain", "features", "nn", "testing"]
 __version__ = "0.1.0"
 
 # The members torch_ctxext can provide, in the order they are installed, and
@@ -52,17 +52,18 @@ if any(_features.lacks(member) for member, _ in _INSTALLERS):
                 _features.record(_installed, _member)
 
 
-# The checker (testing/, thousands of lines) and explain() are for tests and
-# debugging, not for every training process that imports torch_ctxext: they
-# load on first use, torch_ctxext.testing and torch_ctxext.explain as before.
-_LAZY = {"testing": ".testing", "explain": "._explain"}
+# The checker (testing/, thousands of lines), explain(), advise() and the
+# drop-in modules (nn/) are not for every training process that imports
+# torch_ctxext: they load on first use, as torch_ctxext.testing,
+# torch_ctxext.explain, torch_ctxext.advise and torch_ctxext.nn.
+_LAZY = {"testing": ".testing", "explain": "._explain", "advise": "._advise", "nn": ".nn"}
 
 
 def __getattr__(name):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = importlib.import_module(_LAZY[name], __name__)
-    value = getattr(module, name) if name == "explain" else module
+    value = getattr(module, name) if name in ("explain", "advise") else module
     globals()[name] = value
     return value
 

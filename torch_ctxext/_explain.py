@@ -444,6 +444,19 @@ class FunctionBufferStats:
     not_applicable: int = 0  # None: not a tensor, no grad, not needed
     reasons: collections.Counter = field(default_factory=collections.Counter)
 
+    def add_read(self, reasons):
+        """Count one read of ``ctx.input_grad_buffers`` and its reasons."""
+        self.reads += 1
+        for r in reasons:
+            if r.exposed:
+                self.exposed += 1
+                continue
+            if r.code in NOT_APPLICABLE:
+                self.not_applicable += 1
+            else:
+                self.fell_back += 1
+            self.reasons[r.label] += 1
+
     def __str__(self):
         line = (
             f"{self.function}: {self.reads} read(s), {self.exposed} exposed, "
@@ -487,16 +500,7 @@ class BufferReport:
             stats = self.functions.get(name)
             if stats is None:
                 stats = self.functions[name] = FunctionBufferStats(name)
-            stats.reads += 1
-            for r in reasons:
-                if r.exposed:
-                    stats.exposed += 1
-                    continue
-                if r.code in NOT_APPLICABLE:
-                    stats.not_applicable += 1
-                else:
-                    stats.fell_back += 1
-                stats.reasons[r.label] += 1
+            stats.add_read(reasons)
 
     def __str__(self):
         if not self.functions:

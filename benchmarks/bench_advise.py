@@ -1,0 +1,353 @@
+"""Where fusing pays, checked: advise()'s predicted saving against what fuse(model) saves.
+
+    python benchmarks/run_all.py --from-json FILE --remeasure advise --torch-2-15 PY215
+                                 [--torch-2-13 PY213] [--quick]
+
+For each model of ``examples/where_fusing_pays.py`` (built with stock
+``torch.nn`` modules from a fixed seed; the sizes are in the tables):
+
+* **predicted**: ``torch_ctxext.advise(model)`` over one training step:
+  ``avoidable_bytes``, the gradient temporaries the drop-ins would not
+  allocate, and ``avoidable_peak_bytes``, the most of them alive at one time;
+  "one gradient" is the largest gradient among the tensors it would fuse;
+* **measured on the CPU** (exact): the stock model and
+  ``torch_ctxext.nn.fuse(model)``, after two warm-up steps, under
+  ``torch.profiler`` with ``profile_memory=True`` (bench.py's method): one
+  backward, for the bytes of every allocation the CPU allocator made in it;
+  and one whole step (forward and backward, the previous gradients freed
+  before), for its peak: the maximum of the running sum of its allocations
+  and frees, i.e. above what was live before the step (frees of blocks older
+  than a profiling session are not reported, so the backward alone would
+  miss the release of the forward's activations); the drop of each, stock
+  minus fused, and the largest difference between their gradients;
+* **measured on the test device** (where ``torch_ctxext_testdevice`` is
+  installed; sampled): the same backwards on ``testdevice``, whose allocator
+  counts live bytes only (``counters()``): a thread reads them in a loop
+  while the backward runs on the engine's device thread, and the peak is the
+  largest value read above the value before (a lower bound of the true peak;
+  the largest of 3 backwards; not the LSTM: torch's own ``nn.LSTMCell`` calls
+  ``_thnn_fused_lstm_cell`` on any device but the CPU, which only CUDA has);
+* **time**: a training step (gradients set to None, forward, backward) of
+  the stock model, of the stock model inside ``advise(model)``, and of the
+  fused model, alternating within each request (each keeps its fastest of
+  the repeats); both sides (2.13 + torch_ctxext, native 2.15) alternate per
+  round; ratios per round, median and range over rounds.
+"""
+import os
+import statistics
+import sys
+import time
+
+import bench
+
+sys.path.insert(0, os.path.join(bench.ROOT, "examples"))
+
+SIZES = {
+    "albert": {"vocab": 1000, "dim": 256, "hidden": 1024, "depth": 6, "batch": 4, "seq": 16},
+    "gpt2": {"vocab": 2000, "context": 64, "dim": 256, "heads": 4, "layers": 2, "batch": 4, "seq": 32},
+    "lstm": {"features": 128, "hidden": 256, "steps": 16, "batch": 16},
+    "micro-batches": {"features": 512, "hidden": 1024, "classes": 100, "micro": 4, "batch": 16},
+}
+SIZES_QUICK = {
+    "albert": {"vocab": 200, "dim": 64, "hidden": 256, "depth": 4, "batch": 2, "seq": 8},
+    "gpt2": {"vocab": 200, "context": 16, "dim": 64, "heads": 2, "layers": 2, "batch": 2, "seq": 8},
+    "lstm": {"features": 32, "hidden": 64, "steps": 16, "batch": 4},
+    "micro-batches": {"features": 64, "hidden": 128, "classes": 10, "micro": 4, "batch": 8},
+}
+PLANS = {
+    "full": {"rounds": 10, "repeats": 5, "sizes": SIZES},
+    "quick": {"rounds": 2, "repeats": 2, "sizes": SIZES_QUICK},
+}
+VARIANTS = ("stock", "advised", "fused")
+
+# --------------------------------------------------------------------------
+# Measurements: inside a worker process.
+# --------------------------------------------------------------------------
+
+
+def _workload(model, sizes, fused, device="cpu"):
+    import torch_ctxext
+    from where_fusing_pays import MODELS
+
+    workload = MODELS[model](**sizes).to(device)
+    if fused:
+        torch_ctxext.nn.fuse(workload.model)
+    return workload
+
+
+def _prediction(model, sizes, device="cpu"):
+    from where_fusing_pays import report_of
+
+    report = report_of(_workload(model, sizes, False, device))
+    fusable = [s.grad_bytes for s in report.slots if s.avoidable_bytes]
+    return {"avoidable_bytes": report.avoidable_bytes, "avoidable_peak_bytes": report.avoidable_peak_bytes,
+            "temporary_bytes": report.temporary_bytes, "one_gradient_bytes": max(fusable, default=0),
+            "slots": len(report.slots)}
+
+
+def _max_difference(a, b):
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+def measure_advise_memory(model, sizes):
+    """The prediction, and the stock and fused backwards' allocations on the CPU."""
+    result = {"predicted": _prediction(model, sizes), "memory": {}}
+    grads = {}
+    for variant in ("stock", "fused"):
+        workload = _workload(model, sizes, variant == "fused")
+        for _ in range(2):  # warm-up: first-call allocations
+            workload.model.zero_grad(set_to_none=True)
+            workload.loss().backward()
+        # The backward alone: every allocation it makes.
+        workload.model.zero_grad(set_to_none=True)
+        loss = workload.loss()
+        backward = bench.backward_peak_bytes(loss.backward)
+        # The whole step: the peak, exact (every block freed in it was
+        # allocated in it; the last step's gradients are freed before).
+        workload.model.zero_grad(set_to_none=True)
+        del loss
+        step = bench.backward_peak_bytes(lambda: workload.loss().backward())
+        result["memory"][variant] = {"allocated_bytes": backward["allocated_bytes"],
+                                     "peak_bytes": step["peak_bytes"]}
+        grads[variant] = {n: p.grad for n, p in workload.model.named_parameters()}
+    result["max_grad_difference"] = _max_difference(grads["stock"], grads["fused"])
+    return result
+
+
+_STEPS = {}
+
+
+def measure_advise_steps(model, sizes, repeats=3):
+    """Seconds per training step of each variant (alternated, ``repeats`` each)."""
+    import torch_ctxext
+
+    if _STEPS.get("config") != (model, sorted(sizes.items())):
+        _STEPS.clear()
+        _STEPS["config"] = (model, sorted(sizes.items()))
+        _STEPS["stock"] = _workload(model, sizes, False)
+        _STEPS["fused"] = _workload(model, sizes, True)
+    stock, fused = _STEPS["stock"], _STEPS["fused"]
+
+    def step(workload, advised=False):
+        workload.model.zero_grad(set_to_none=True)
+        if advised:
+            with torch_ctxext.advise(workload.model):
+                workload.loss().backward()
+        else:
+            workload.loss().backward()
+
+    runs = {"stock": lambda: step(stock), "advised": lambda: step(stock, True), "fused": lambda: step(fused)}
+    for run in runs.values():
+        run()  # warm-up
+    times = {v: [] for v in VARIANTS}
+    order = list(VARIANTS)
+    for _ in range(repeats):
+        for v in order:
+            start = time.perf_counter()
+            runs[v]()
+            times[v].append(time.perf_counter() - start)
+        order = order[1:] + order[:1]
+    return {"times_s": times}
+
+
+MEASURES = {"advise_memory": measure_advise_memory, "advise_steps": measure_advise_steps}
+
+
+def device_memory():
+    """In a fresh process (bench.run_once): the test device registered before
+    any backward, then each model's prediction and sampled peaks there."""
+    import torch_ctxext_testdevice  # noqa: F401  (before the first backward)
+
+    plan = PLANS["quick" if os.environ.get("TORCH_CTXEXT_BENCH_QUICK") else "full"]
+    out = {}
+    for model, sizes in plan["sizes"].items():
+        if model == "lstm":
+            continue  # torch's own cell calls _thnn_fused_lstm_cell there, which only CUDA has
+        out[model] = {"predicted": _prediction(model, sizes, "testdevice"), "peak_bytes": {}}
+        for variant in ("stock", "fused"):
+            workload = _workload(model, sizes, variant == "fused", "testdevice")
+            out[model]["peak_bytes"][variant] = max(_sampled_peak(workload) for _ in range(3))
+    return out
+
+
+def _sampled_peak(workload):
+    import threading
+
+    import torch_ctxext_testdevice as device
+
+    workload.model.zero_grad(set_to_none=True)
+    loss = workload.loss()
+    base = device.counters()["live_bytes"]
+    seen, done = [base], threading.Event()
+
+    def poll():
+        peak, read = base, device.counters
+        while not done.is_set():
+            peak = max(peak, read()["live_bytes"])
+        seen[0] = peak
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)  # the Python Functions of the backward get the GIL soon
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        loss.backward()
+    finally:
+        done.set()
+        poller.join()
+        sys.setswitchinterval(switch)
+    return seen[0] - base
+
+
+# --------------------------------------------------------------------------
+# Orchestration.
+# --------------------------------------------------------------------------
+
+
+def _has_test_device(python):
+    import subprocess
+
+    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch_ctxext_testdevice') is None)"
+    return subprocess.run([python, "-c", code]).returncode == 0
+
+
+def collect(python_213=None, python_215=None, quick=False):
+    """Every model on both sides (and the test device); a JSON-able dict."""
+    plan = PLANS["quick" if quick else "full"]
+    started = time.time()
+    results = bench.new_results({k: v for k, v in plan.items() if k != "sizes"}, quick)
+    results["rows"] = []
+    python_213 = python_213 or sys.executable
+    # torch_ctxext is imported on both sides: advise() and the drop-ins are
+    # its Python; on torch 2.15 it patches nothing and loads no extension.
+    pair = [bench.Worker(python_213, "backport", True, ["bench_advise"])]
+    if python_215:
+        pair.append(bench.Worker(python_215, "native", True, ["bench_advise"]))
+    try:
+        results["workers"] = {w.label: w.ready() for w in pair}
+        for model, sizes in plan["sizes"].items():
+            row = {"model": model, "sizes": sizes}
+            for w in pair:
+                row[w.label] = w.call("advise_memory", model=model, sizes=sizes)
+            ratios = {w.label: {"advised/stock": [], "fused/stock": []} for w in pair}
+            fastest = {w.label: {v: [] for v in VARIANTS} for w in pair}
+            for r in range(plan["rounds"]):
+                for w in pair if r % 2 == 0 else pair[::-1]:
+                    got = w.call("advise_steps", model=model, sizes=sizes, repeats=plan["repeats"])
+                    best = {v: min(t) for v, t in got["times_s"].items()}
+                    for v in VARIANTS:
+                        fastest[w.label][v].append(best[v])
+                    ratios[w.label]["advised/stock"].append(best["advised"] / best["stock"])
+                    ratios[w.label]["fused/stock"].append(best["fused"] / best["stock"])
+            for label, by_name in ratios.items():
+                row[label]["ms"] = {v: statistics.median(t) * 1e3 for v, t in fastest[label].items()}
+                for name, values in by_name.items():
+                    row[label][name] = dict(bench.ratio_stats(values), min=min(values), max=max(values))
+            results["rows"].append(row)
+            bench.log(f"advise {model} done ({time.time() - started:.0f}s)")
+    finally:
+        for w in pair:
+            w.close()
+    if _has_test_device(python_213):
+        env = dict(os.environ, **({"TORCH_CTXEXT_BENCH_QUICK": "1"} if quick else {}))
+        results["device"] = bench.run_once(python_213, "bench_advise.device_memory", env=env)
+        bench.log(f"advise on the test device done ({time.time() - started:.0f}s)")
+    results["machine"]["load_average_at_end"] = bench.load_average()
+    results["seconds"] = time.time() - started
+    return results
+
+
+# --------------------------------------------------------------------------
+# The results as tables.
+# --------------------------------------------------------------------------
+
+
+def sides(results):
+    return [s for s in ("backport", "native") if s in results["rows"][0]]
+
+
+def _mib(n):
+    return f"{n / 2**20:.3f}"
+
+
+def drops(side):
+    """Measured drops (stock - fused) of a row's side: allocations, peak."""
+    m = side["memory"]
+    return (m["stock"]["allocated_bytes"] - m["fused"]["allocated_bytes"],
+            m["stock"]["peak_bytes"] - m["fused"]["peak_bytes"])
+
+
+def memory_table(results):
+    out = ["| model | side | predicted: avoidable MiB | measured: the backward's allocations drop by MiB "
+           "| difference / one gradient | predicted: at most off the peak MiB | measured: the step's peak "
+           "drops by MiB (stock → fused) | difference / one gradient | gradients: largest difference |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for row in results["rows"]:
+        for s in sides(results):
+            side = row[s]
+            p = side["predicted"]
+            one = p["one_gradient_bytes"]
+            allocated, peak = drops(side)
+            m = side["memory"]
+            out.append(
+                f"| {row['model']} | {bench.SIDE_NAMES[s]} | {_mib(p['avoidable_bytes'])} | {_mib(allocated)} | "
+                f"{(allocated - p['avoidable_bytes']) / one:+.3f} | {_mib(p['avoidable_peak_bytes'])} | "
+                f"{_mib(peak)} ({_mib(m['stock']['peak_bytes'])} → {_mib(m['fused']['peak_bytes'])}) | "
+                f"{(peak - p['avoidable_peak_bytes']) / one:+.3f} | {side['max_grad_difference']:.2g} |")
+    return "\n".join(out)
+
+
+def time_table(results):
+    ss = sides(results)
+    out = ["| model |" + "".join(f" {bench.SIDE_NAMES[s]}: stock / advised / fused ms | advised / stock "
+                                 "| fused / stock |" for s in ss), "|---|" + "---|---|---|" * len(ss)]
+    for row in results["rows"]:
+        line = f"| {row['model']} |"
+        for s in ss:
+            ms = row[s]["ms"]
+            line += (f" {ms['stock']:.1f} / {ms['advised']:.1f} / {ms['fused']:.1f} "
+                     f"| {_ratio(row[s]['advised/stock'])} | {_ratio(row[s]['fused/stock'])} |")
+        out.append(line)
+    return "\n".join(out)
+
+
+def _ratio(s):
+    return f"**{s['ratio']:.3f}** ({s['min']:.3f}–{s['max']:.3f})"
+
+
+def device_table(results):
+    out = ["| model | predicted: avoidable MiB | predicted: at most off the peak MiB | sampled peak: "
+           "stock → fused MiB | its drop MiB |", "|---|---|---|---|---|"]
+    for model, d in results["device"].items():
+        peaks, p = d["peak_bytes"], d["predicted"]
+        out.append(f"| {model} | {_mib(p['avoidable_bytes'])} | {_mib(p['avoidable_peak_bytes'])} | "
+                   f"{_mib(peaks['stock'])} → {_mib(peaks['fused'])} | {_mib(peaks['stock'] - peaks['fused'])} |")
+    return "\n".join(out)
+
+
+def sizes_table(results):
+    out = ["| model | sizes |", "|---|---|"]
+    for row in results["rows"]:
+        out.append(f"| {row['model']} | " + ", ".join(f"{k} {v}" for k, v in row["sizes"].items()) + " |")
+    return "\n".join(out)
+
+
+def summary(results):
+    """One line per side: agreement of allocations and peak, cost of advise,
+    fused step time."""
+    lines = []
+    rows = results["rows"]
+    for s in sides(results):
+        def worst(i, key):
+            return max(abs(drops(r[s])[i] - r[s]["predicted"][key]) / r[s]["predicted"]["one_gradient_bytes"]
+                       for r in rows)
+
+        advised = [r[s]["advised/stock"]["ratio"] for r in rows]
+        fused = [r[s]["fused/stock"]["ratio"] for r in rows]
+        lines.append(
+            f"{bench.SIDE_NAMES[s]}: fuse(model) lowers the backward's allocations by advise's "
+            f"avoidable bytes within {worst(0, 'avoidable_bytes'):.3f} of one gradient and the step's "
+            f"peak by its avoidable peak within {worst(1, 'avoidable_peak_bytes'):.3f}, in every model; "
+            f"a step inside advise() takes {min(advised):.2f} to {max(advised):.2f} of one without it; "
+            f"fuse(model)'s step {min(fused):.2f} to {max(fused):.2f} of the stock modules'")
+    return lines

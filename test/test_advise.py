@@ -1,0 +1,206 @@
+"""torch_ctxext.advise: the report's contract (its table and plain data, the
+custom Functions it saw, the backwards it observes) and that a block leaves
+nothing behind. The four models and the cross-release report:
+test_advise_models.py."""
+import json
+
+import pytest
+import torch
+from torch.autograd.function import BackwardCFunction, FunctionCtx
+
+import torch_ctxext
+from torch_ctxext._advise import graph
+from doubling_functions import doubling, fuse_into_buffer
+
+
+def reads_and_drops(ctx, g):
+    """Reads x's buffer and returns None without writing it (loses 2g)."""
+    ctx.input_grad_buffers
+    return None
+
+
+def reads_but_returns(ctx, g):
+    """Reads x's buffer, then returns x's gradient anyway (the fallback)."""
+    ctx.input_grad_buffers
+    return g * 2
+
+
+Fused = doubling(fuse_into_buffer)  # y = 2x, adds into x's buffer where exposed
+Unfused = doubling(reads_but_returns)
+Dropping = doubling(reads_and_drops)
+
+
+def two_uses(x, function=Fused):
+    """x read by sin (created last, so it runs first) and by ``function``."""
+    return function.apply(x).sum() + x.sin().sum()
+
+
+def test_each_slot_has_the_required_keys_and_the_report_is_json_serialisable():
+    model = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(model) as report:
+        sum(model(torch.randn(2, 3) * k).sum() for k in range(3)).backward()
+    data = json.loads(json.dumps(report.as_dict()))
+    assert {"slots", "temporary_bytes", "avoided_bytes", "avoidable_bytes", "functions"} <= data.keys()
+    for slot in data["slots"]:
+        assert {"name", "producers", "grad_bytes", "fused", "temporaries"} <= slot.keys()
+    assert {s["name"] for s in data["slots"]} == {"weight", "bias"}
+    assert [len(s["producers"]) for s in data["slots"]] == [3, 3]
+
+
+def test_the_table_lists_the_largest_saving_first_with_its_drop_in():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    with torch_ctxext.advise(model) as report:
+        sum(model(torch.randn(4, 8) * k).sum() for k in range(4)).backward()
+    rows = str(report).splitlines()
+    names = [s.name for s in report.slots]
+    assert names == ["0.weight", "1.weight", "0.bias", "1.bias"]
+    positions = [next(i for i, r in enumerate(rows) if f"  {n} <- " in r) for n in names]
+    assert positions == sorted(positions)
+    assert "0: Linear -> torch_ctxext.nn.FusedLinear" in str(report)
+
+
+# What a Function does with the buffer it was handed for x (x is read by sin
+# first): (Function, used, fused producers, temporaries the engine added).
+HANDLINGS = [
+    ("writes it and returns None", Fused, 1, 1, 0),
+    ("returns its gradient anyway", Unfused, 0, 0, 1),
+    ("returns None without writing it", Dropping, 0, 0, 0),
+]
+
+
+@pytest.mark.parametrize("function, used, fused, temporaries", [h[1:] for h in HANDLINGS],
+                         ids=[h[0] for h in HANDLINGS])
+def test_a_buffer_counts_as_used_only_where_the_function_wrote_it_and_returned_none(
+        function, used, fused, temporaries):
+    x = torch.randn(5, requires_grad=True)
+    with torch_ctxext.advise() as report:
+        two_uses(x, function).backward()
+    stats = report.functions["doubling.<locals>.F"]
+    assert (stats.reads, stats.exposed, stats.used) == (1, 1, used)
+    slot = report.slots[0]
+    assert (slot.name, slot.kind, len(slot.producers)) == ("leaf tensor [5]", "tensor", 2)
+    assert (slot.fused, slot.temporaries, slot.avoided_bytes) == (fused, temporaries, fused * 5 * 4)
+
+
+def test_a_fused_write_gives_the_gradient_of_the_step_without_advise():
+    x = torch.randn(5, requires_grad=True)
+    with torch_ctxext.advise():
+        two_uses(x).backward()
+    torch.testing.assert_close(x.grad, 2 + x.detach().cos())
+
+
+def test_the_reasons_for_none_are_explains():
+    x = torch.randn(5, requires_grad=True)
+    with torch_ctxext.advise() as report:
+        Fused.apply(x).sum().backward()  # nothing ran before it
+    stats = report.functions["doubling.<locals>.F"]
+    assert (stats.reads, stats.exposed, stats.fell_back) == (1, 0, 1)
+    if torch_ctxext.features()["input_grad_buffers"] == "torch_ctxext":
+        assert dict(stats.reasons) == {"no earlier producer": 1}
+
+
+def test_without_a_model_tensors_are_named_by_op_and_shape_and_no_drop_in_is_suggested():
+    layer = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise() as report:
+        sum(layer(torch.randn(2, 3) * k).sum() for k in range(2)).backward()
+    assert sorted(s.name for s in report.slots) == ["leaf tensor [3, 3]", "leaf tensor [3]"]
+    assert report.avoidable_bytes == 0 and not report.drop_ins
+    assert any("no model given" in n for n in report.notes)
+
+
+def test_activations_are_named_by_the_op_that_made_them_and_the_module_call():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    with torch_ctxext.advise(model) as report:
+        h = model(torch.randn(2, 4))
+        (h * h.exp()).sum().backward()  # h read by mul and exp
+    (slot,) = [s for s in report.slots if s.kind == "activation"]
+    assert slot.name == "TanhBackward0 in 1"
+    assert sorted(p.op for p in slot.producers) == ["ExpBackward0", "MulBackward0"]
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.inner(x) * 2  # made by Outer, after inner returned
+
+
+def test_an_op_after_a_submodule_returned_belongs_to_the_module_that_ran_it():
+    model = Outer()
+    with torch_ctxext.advise(model) as report:
+        h = model(torch.randn(2, 4))
+        (h * h.exp()).sum().backward()
+    assert [s.name for s in report.slots if s.kind == "activation"] == ["MulBackward0 in Outer"]
+
+
+def test_backward_with_inputs_counts_only_the_producers_that_run():
+    w = torch.randn(3, requires_grad=True)
+    v = torch.randn(3, requires_grad=True)
+    with torch_ctxext.advise() as report:
+        ((w * v).sum() + (w * 2).sum() + (v * 3).sum()).backward(inputs=[w])
+    assert [(s.name, len(s.producers)) for s in report.slots] == [("leaf tensor [3]", 2)]
+
+
+def test_autograd_grad_is_observed_too():
+    w = torch.randn(3, requires_grad=True)
+    with torch_ctxext.advise() as report:
+        torch.autograd.grad((w * 2).sum() + w.sin().sum(), w)
+    assert report.backwards == 1
+    assert len(report.slots[0].producers) == 2
+
+
+def test_several_backwards_in_one_block_add_up():
+    w = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(w) as report:
+        for _ in range(2):
+            sum(w(torch.randn(2, 3) * k).sum() for k in range(3)).backward()
+    assert report.backwards == 2
+    assert len(report["weight"].producers) == 6 and report["weight"].temporaries == 4
+
+
+def test_create_graph_is_noted_and_saves_nothing():
+    model = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(model) as report:
+        loss = sum(model(torch.randn(2, 3) * k).pow(2).sum() for k in range(2))
+        torch.autograd.grad(loss, model.weight, create_graph=True)
+    assert report.avoidable_bytes == 0
+    assert any("create_graph=True" in n for n in report.notes)
+
+
+def test_a_failure_to_observe_is_noted_and_never_raised_into_the_step(monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(graph.Backward, "__init__", broken)
+    w = torch.randn(3, requires_grad=True)
+    with torch_ctxext.advise() as report:
+        (w * 2 + w.sin()).sum().backward()
+    assert w.grad is not None
+    assert report.notes == ["no model given: advise(model) names parameters and modules and says "
+                            "which drop-in would fuse each tensor",
+                            "a backward could not be fully observed: ValueError: boom"]
+
+
+def test_blocks_nest_and_the_last_to_exit_restores_torch():
+    before = (torch.autograd._engine_run_backward, torch.autograd.graph._engine_run_backward,
+              BackwardCFunction.__dict__["apply"], FunctionCtx.__dict__["input_grad_buffers"])
+    w = torch.randn(3, requires_grad=True)
+    with torch_ctxext.advise() as outer:
+        with torch_ctxext.advise() as inner:
+            (w * 2 + w.sin()).sum().backward()
+        (w * 3 + w.cos()).sum().backward()
+    assert (inner.backwards, outer.backwards) == (1, 2)
+    after = (torch.autograd._engine_run_backward, torch.autograd.graph._engine_run_backward,
+             BackwardCFunction.__dict__["apply"], FunctionCtx.__dict__["input_grad_buffers"])
+    assert after == before
+
+
+def test_bad_input_gets_a_clear_error():
+    with pytest.raises(TypeError, match="model must be the torch.nn.Module"):
+        torch_ctxext.advise(torch.randn(3))
+    block = torch_ctxext.advise()
+    with block:
+        with pytest.raises(RuntimeError, match="already active"):
+            block.__enter__()

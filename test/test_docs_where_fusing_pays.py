@@ -1,0 +1,32 @@
+"""docs/where-fusing-pays.md shows each model's report as a user sees it:
+what examples/where_fusing_pays.py prints (tools/advice_page.py)."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import advice_page  # noqa: E402
+from where_fusing_pays import MODELS  # noqa: E402
+
+
+def test_the_reports_shown_on_where_fusing_pays_are_what_the_code_prints():
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "advice_page.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+
+
+def test_the_page_shows_a_report_of_each_model():
+    with open(advice_page.PAGE) as f:
+        shown = {m["args"] for m in advice_page.BLOCK.finditer(f.read())}
+    assert set(MODELS) <= shown
+
+
+def test_a_stale_report_is_found(tmp_path, monkeypatch):
+    with open(advice_page.PAGE) as f:
+        text = f.read()
+    stale = tmp_path / "page.md"
+    stale.write_text(text.replace("received more than one gradient", "received several gradients", 1))
+    monkeypatch.setattr(advice_page, "PAGE", str(stale))
+    assert advice_page.main(["--check"]) == 1

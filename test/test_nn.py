@@ -1,0 +1,206 @@
+"""torch_ctxext.nn: each drop-in computes what its stock module computes, fuses
+where the engine exposes a buffer, and passes check_function; fuse(model)
+swaps them in place without changing the model's parameters or state_dict.
+FusedLinear's own tests: test_examples.py (examples/fused_linear.py
+re-exports it) and the training stacks (test_training_stacks.py)."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+
+import torch_ctxext
+from torch_ctxext.nn import (FusedEmbedding, FusedEmbeddingFunction, FusedLinear, FusedLinearFunction,
+                             FusedLSTMCell, fuse)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+
+def exposed(report, function):
+    return report[function].exposed if function in report else 0
+
+
+# --- FusedEmbedding ---------------------------------------------------------
+
+EMBEDDINGS = [
+    ("plain", {}),
+    ("padding_idx", {"padding_idx": 1}),
+    ("scale_grad_by_freq", {"scale_grad_by_freq": True}),
+]
+
+
+@pytest.mark.parametrize("options", [o for _, o in EMBEDDINGS], ids=[n for n, _ in EMBEDDINGS])
+def test_fused_embedding_function_passes_check_function(options):
+    gen = torch.Generator().manual_seed(0)
+    indices = torch.tensor([[1, 2, 1], [0, 3, 1]])
+    weight = torch.randn(5, 3, generator=gen, requires_grad=True)
+    args = (indices, weight, options.get("padding_idx", -1), options.get("scale_grad_by_freq", False), True)
+    intent = {}
+    if options:
+        # nn.Embedding's gradient is deliberately not the derivative there: no
+        # gradient for the padding row, or each row's scaled by 1 / its count.
+        intent = {"reference": lambda i, w, p, s, f: torch.embedding(w, i, p, s),
+                  "reason": f"nn.Embedding's gradient with {', '.join(options)}"}
+    if options.get("scale_grad_by_freq"):
+        # The double backward is aten's embedding_dense_backward's, which
+        # nn.Embedding has too: its derivative leaves the scaling out.
+        intent["double_backward"] = ("torch's derivative of embedding_dense_backward ignores "
+                                     "scale_grad_by_freq (nn.Embedding's double backward is the same)")
+    report = torch_ctxext.testing.check_function(FusedEmbeddingFunction, *args, **intent)
+    assert report.passed, str(report)
+    checked = [r for r in report.results if r.name == "input_grad_buffers.fused_matches_fallback"
+               and "SKIP" not in str(r)]
+    assert len(checked) == 1  # the weight: the only input with a gradient
+
+
+def tied(embedding_cls, head_cls, **options):
+    torch.manual_seed(0)
+    embedding = embedding_cls(6, 4, **options)
+    head = head_cls(4, 6, bias=False)
+    head.weight = embedding.weight
+    return embedding, head
+
+
+@pytest.mark.parametrize("options", [o for _, o in EMBEDDINGS], ids=[n for n, _ in EMBEDDINGS])
+def test_a_tied_fused_embedding_adds_its_rows_into_the_heads_gradient_as_nn_embedding_would(options):
+    tokens = torch.tensor([[1, 2, 1, 5], [0, 1, 3, 1]])
+    grads = {}
+    for kind, (e_cls, h_cls) in {"stock": (torch.nn.Embedding, torch.nn.Linear),
+                                 "fused": (FusedEmbedding, FusedLinear)}.items():
+        embedding, head = tied(e_cls, h_cls, **options)
+        with torch_ctxext.explain() as report:
+            (head(embedding(tokens)) ** 2).sum().backward()
+        grads[kind] = embedding.weight.grad
+        if kind == "fused":
+            # The head runs first (created last): the lookup finds its gradient.
+            assert exposed(report, FusedEmbeddingFunction) == 1
+    torch.testing.assert_close(grads["fused"], grads["stock"])
+
+
+def test_used_once_the_fused_embedding_returns_nn_embeddings_gradient_bit_for_bit():
+    tokens = torch.tensor([[1, 2, 1, 5], [0, 1, 3, 1]])
+    grads = []
+    for cls in (torch.nn.Embedding, FusedEmbedding):
+        torch.manual_seed(0)
+        embedding = cls(6, 4, padding_idx=1, scale_grad_by_freq=True)
+        (embedding(tokens) ** 2).sum().backward()
+        grads.append(embedding.weight.grad)
+    assert torch.equal(grads[0], grads[1])
+    assert torch.equal(grads[1][1], torch.zeros(4))  # the padding row
+
+
+def test_max_norm_renormalises_the_rows_looked_up_as_nn_embedding_does():
+    tokens = torch.tensor([0, 2, 2])
+    weights = []
+    for cls in (torch.nn.Embedding, FusedEmbedding):
+        torch.manual_seed(0)
+        embedding = cls(4, 3, max_norm=0.5)
+        out = embedding(tokens)
+        weights.append((embedding.weight.detach().clone(), out.detach()))
+    assert torch.equal(weights[0][0], weights[1][0]) and torch.equal(weights[0][1], weights[1][1])
+
+
+def test_a_sparse_fused_embedding_gives_nn_embeddings_sparse_gradient():
+    torch.manual_seed(0)
+    embedding = FusedEmbedding(5, 3, sparse=True)
+    embedding(torch.tensor([1, 3])).sum().backward()
+    assert embedding.weight.grad.is_sparse
+
+
+# --- FusedLSTMCell -------------------------------------------------------------
+
+
+def unrolled(cls, steps=5, batched=True, state=True):
+    torch.manual_seed(0)
+    cell = cls(3, 4)
+    xs = torch.randn(steps, 2, 3) if batched else torch.randn(steps, 3)
+    shape = (2, 4) if batched else (4,)
+    hx = (torch.zeros(shape), torch.zeros(shape)) if state else None
+    outputs = []
+    with torch_ctxext.explain() as report:
+        for x in xs:
+            hx = cell(x, hx)
+            outputs.append(hx[0])
+        torch.stack(outputs).pow(2).sum().backward()
+    return cell, outputs, report
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("state", [True, False], ids=["given_state", "no_state"])
+def test_fused_lstm_cell_computes_nn_lstm_cells_outputs_bit_for_bit_and_its_gradients(batched, state):
+    stock, stock_out, _ = unrolled(torch.nn.LSTMCell, batched=batched, state=state)
+    fused, fused_out, report = unrolled(FusedLSTMCell, batched=batched, state=state)
+    for a, b in zip(stock_out, fused_out):
+        assert torch.equal(a, b)
+    for (name, a), (_, b) in zip(stock.named_parameters(), fused.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
+    # Four parameters used at each of 5 steps: every step but the first to
+    # run backward adds into their buffers.
+    assert exposed(report, FusedLinearFunction) == 4 * (5 - 1)
+
+
+def test_fused_lstm_cell_rejects_input_of_the_wrong_rank():
+    cell = FusedLSTMCell(3, 4)
+    with pytest.raises(ValueError, match="Expected input to be 1D or 2D, got 3D"):
+        cell(torch.randn(1, 2, 3))
+
+
+# --- fuse(model) ----------------------------------------------------------------
+
+
+class Custom(torch.nn.Linear):
+    """A subclass may have its own forward: fuse() leaves it alone."""
+
+
+def model_with_everything():
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({
+        "embedding": torch.nn.Embedding(6, 4),
+        "sparse": torch.nn.Embedding(6, 4, sparse=True),
+        "cell": torch.nn.LSTMCell(4, 4),
+        "head": torch.nn.Linear(4, 6, bias=False),
+        "custom": Custom(4, 4),
+        "norm": torch.nn.LayerNorm(4),
+    })
+    model["head"].weight = model["embedding"].weight
+    return model
+
+
+def test_fuse_swaps_each_stock_module_in_place_keeping_its_parameters_and_state_dict():
+    model = model_with_everything()
+    modules = dict(model.named_children())
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert fuse(model) is model
+    assert {n: type(m) for n, m in model.named_children()} == {
+        "embedding": FusedEmbedding, "sparse": torch.nn.Embedding, "cell": FusedLSTMCell,
+        "head": FusedLinear, "custom": Custom, "norm": torch.nn.LayerNorm}
+    assert all(modules[n] is m for n, m in model.named_children())
+    assert all(parameters[n] is p for n, p in model.named_parameters(remove_duplicate=False))
+    assert model["head"].weight is model["embedding"].weight
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    assert fuse(model) is model  # again: nothing changes
+
+
+def test_a_fused_models_state_dict_loads_into_the_stock_model_and_back():
+    fused = fuse(model_with_everything())
+    stock = model_with_everything()
+    for p in fused.parameters():
+        p.data.add_(1)
+    stock.load_state_dict(fused.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(stock.state_dict().values(), fused.state_dict().values()))
+    copy.deepcopy(fused).load_state_dict(stock.state_dict())
+
+
+def test_fuse_takes_a_module():
+    with pytest.raises(TypeError, match="fuse\\(\\) takes a torch.nn.Module"):
+        fuse([torch.nn.Linear(2, 2)])
+
+
+def test_the_examples_fused_linear_is_the_packages():
+    import fused_linear
+
+    assert fused_linear.FusedLinear is FusedLinear
+    assert fused_linear.FusedLinearFunction is FusedLinearFunction

@@ -1,0 +1,176 @@
+"""``torch_ctxext.advise``: where a training step accumulates several gradients into one tensor, what that costs, and the drop-in that saves it.
+
+``ctx.input_grad_buffers`` saves memory and time only where one backward
+adds several gradients into one tensor: a weight used several times (shared
+or tied layers, an unrolled recurrent cell, micro-batch losses summed into
+one backward) or an activation read by several ops. ``advise`` finds those
+tensors in a real step, from the graph the engine runs and what reaches it,
+and prices them::
+
+    with torch_ctxext.advise(model) as report:
+        loss = model(x).sum()
+        loss.backward()
+    print(report)            # a table, largest saving first
+    report.as_dict()         # the same, as plain (JSON-serialisable) data
+
+Works on torch 2.6 to 2.14 with torch_ctxext and on native 2.15, on the CPU
+and on any device; the observation changes no result (the gradients are
+bitwise those of the step without it) and no buffer the engine exposes.
+"""
+import torch
+
+from . import engine
+from .graph import Backward
+from .modules import ModuleCalls, ParameterNames
+from .report import AdviceReport, DropInAdvice, FunctionAdvice, ProducerAdvice, SlotAdvice, account
+
+__all__ = ["advise", "Advise", "AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice",
+           "DropInAdvice"]
+
+
+def advise(model=None):
+    """Watch one training step (forward and backward) and say where fusing pays.
+
+    A context manager: ``with torch_ctxext.advise(model) as report:`` returns
+    an :class:`AdviceReport`, filled as each backward inside the block ends.
+    For every tensor into which a backward accumulates more than one
+    gradient (a "slot" of the engine) it gives:
+
+    * its name: a parameter by its module path (``encoder.fc1.weight``; a
+      tied one with its other names), an activation by the op that made it
+      and the module call that ran it (``AddBackward0 in block#2``);
+    * its producers: the op or custom Function whose backward returns a
+      gradient for it, and the module it belongs to;
+    * ``grad_bytes``, the gradient's size; ``fused``, producers that wrote
+      into the buffer in place; ``temporaries``, gradients the engine added
+      to the buffer instead, and ``summed_out_of_place``, sums it allocated
+      because it could not add in place;
+    * ``temporary_bytes``, ``avoided_bytes`` (what fused producers did not
+      allocate) and ``avoidable_bytes`` (what the drop-ins of
+      :mod:`torch_ctxext.nn` would save: ``torch_ctxext.nn.fuse(model)``).
+
+    For each custom Function that read ``ctx.input_grad_buffers``: reads,
+    entries exposed, buffers really written in place (``used``), and why the
+    others were ``None`` (``torch_ctxext.explain()``'s reasons).
+
+    ``model`` (a ``torch.nn.Module``, optional) gives names, modules and
+    drop-ins; without it tensors are named by their ops and shapes and no
+    drop-in is suggested. Blocks nest. A backward the block cannot observe
+    (an error in the observation itself) is noted in the report, never
+    raised into the step.
+    """
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            "advise(model): model must be the torch.nn.Module the step trains (for names, "
+            f"modules and drop-ins) or None, got {type(model).__qualname__}"
+        )
+    return Advise(model)
+
+
+class Advise:
+    """The context manager :func:`advise` returns."""
+
+    def __init__(self, model):
+        self.model = model
+        self.report = None
+        self._calls = None
+        self._names = None
+
+    def __enter__(self):
+        if self.report is not None:
+            raise RuntimeError("this advise() block is already active; call advise() again for a new one")
+        self.report = AdviceReport(type(self.model).__name__ if self.model is not None else None)
+        if self.model is not None:
+            self._names = ParameterNames(self.model)
+            self._calls = ModuleCalls(self.model)
+            self._calls.install()
+        else:
+            self.report.note("no model given: advise(model) names parameters and modules "
+                             "and says which drop-in would fuse each tensor")
+        engine.enter(self)
+        return self.report
+
+    def __exit__(self, *exc):
+        engine.exit(self)
+        if self._calls is not None:
+            self._calls.remove()
+        return False
+
+    # --- what the engine patches report (engine.py) -----------------------
+
+    def failed(self, error):
+        self.report.note(f"a backward could not be fully observed: {type(error).__name__}: {error}")
+
+    def function_read(self, name, reasons):
+        self.report.function(name).add_read(reasons)
+
+    def function_returned(self, name, grads, written):
+        if name in self.report.functions:
+            stats = self.report.functions[name]
+            stats.used += sum(1 for j, w in written.items() if w and j < len(grads) and grads[j] is None)
+
+    def add(self, record: Backward):
+        self.report.backwards += 1
+        if record.create_graph:
+            self.report.note("a backward ran with create_graph=True: the engine sums out of place "
+                             "and exposes no buffer there, so no drop-in saves anything in it")
+        # In the order the tensors were made: duplicates are numbered so.
+        ordered = sorted(record.slots, key=lambda slot: (slot.seq is None, slot.seq or 0))
+        named = [(self._describe(slot), slot) for slot in ordered]
+        counts = {}
+        for advice, _ in named:
+            counts[advice.name] = counts.get(advice.name, 0) + 1
+        seen = {}
+        for advice, slot in named:
+            if counts[advice.name] > 1 and advice.kind == "activation":
+                seen[advice.name] = seen.get(advice.name, 0) + 1
+                advice.name = f"{advice.name} ({seen[advice.name]})"
+            savings = account(advice, slot.arrivals, slot.out_of_place, record.create_graph)
+            for index, nbytes in savings:
+                where = self._where(slot.producers[index][1])
+                if where is not None:
+                    path, module, _ = where
+                    self.report.add_saving(self._calls.path_name(path), type(module).__name__,
+                                           advice.producers[index].drop_in, advice.name, nbytes)
+            self.report.add_slot(advice)
+
+    def _where(self, seq):
+        return self._calls.attribute(seq) if self._calls is not None and seq is not None else None
+
+    def _describe(self, slot):
+        """A SlotAdvice (name, kind, producers) for a slot of a backward."""
+        from ..nn.fuse import drop_in_for
+        from ..nn.linear import FusedLinear
+
+        producers = []
+        for op, seq, _, _ in slot.producers:
+            where = self._where(seq)
+            if where is None:
+                producers.append(ProducerAdvice(op))
+                continue
+            path, module, call = where
+            label = self._calls.path_name(path) + (f"#{call}" if call else "")
+            drop_in = drop_in_for(module)
+            if drop_in is not None:
+                owned = slot.leaf is not None and self._names.owned_by(slot.leaf, module)
+                # FusedLinear also adds into its input's buffer; the others
+                # fuse their own parameters only.
+                if not owned and not (drop_in is FusedLinear and not self._is_parameter(slot)):
+                    drop_in = None
+            producers.append(ProducerAdvice(op, label, drop_in.__name__ if drop_in else None))
+        if slot.leaf is not None:
+            name = self._names.name(slot.leaf) if self._names else None
+            if name is not None:
+                return SlotAdvice(name, "parameter", producers, slot.grad_bytes or 0,
+                                  tied=self._names.tied(slot.leaf))
+            return SlotAdvice(f"leaf tensor {list(slot.leaf.shape)}", "tensor", producers,
+                              slot.grad_bytes or 0)
+        where = self._where(slot.seq)
+        op = slot.op + (f"[{slot.nr}]" if slot.nr else "")
+        if where is not None:
+            path, _, call = where
+            op += f" in {self._calls.path_name(path)}" + (f"#{call}" if call else "")
+        return SlotAdvice(op, "activation", producers, slot.grad_bytes or 0)
+
+    def _is_parameter(self, slot):
+        return slot.leaf is not None and self._names is not None and self._names.name(slot.leaf) is not None

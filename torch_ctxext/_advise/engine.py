@@ -1,0 +1,172 @@
+"""What ``advise()`` places while a block is active, and takes away after.
+
+* ``torch.autograd._engine_run_backward`` (and ``torch.autograd.graph``'s,
+  the one entry ``backward()``, ``Tensor.backward()`` and
+  ``torch.autograd.grad`` share; torch's own ``make_fx`` patches the same
+  two names): each backward is recorded by a :class:`graph.Backward`.
+* ``BackwardCFunction.apply`` / ``apply_boxed``, the methods the engine calls
+  to run a custom Function's backward: what it returned, and whether it wrote
+  into the buffers it was handed.
+* an observer of ``ctx.input_grad_buffers`` (``_explain.observe``): every read,
+  with the reasons for ``None``.
+
+All three are placed when the first active block enters and removed when the
+last one exits; a block that fails to observe a backward records why in its
+report instead of raising into the training step.
+"""
+import threading
+
+import torch
+from torch.autograd.function import BackwardCFunction, FunctionCtx
+
+from .. import _explain
+from .graph import Backward
+
+__all__ = ["enter", "exit"]
+
+_lock = threading.RLock()
+_sessions = []  # active sessions; replaced, never mutated: a consistent snapshot
+_backwards = []  # backwards running now, likewise
+_originals = {}
+_observing = None  # the observe() context of the buffer reads
+_calls = threading.local()  # .stack: the custom backward running on this thread
+
+
+def enter(session):
+    global _sessions, _observing
+    with _lock:
+        if not _sessions:
+            _originals["run"] = torch.autograd.graph._engine_run_backward
+            _originals["run_here"] = torch.autograd.__dict__.get("_engine_run_backward")
+            torch.autograd.graph._engine_run_backward = _run_backward
+            torch.autograd._engine_run_backward = _run_backward
+            for name in ("apply", "apply_boxed"):
+                if name in BackwardCFunction.__dict__:
+                    _originals[name] = BackwardCFunction.__dict__[name]
+                    setattr(BackwardCFunction, name, _WRAPPERS[name])
+            if "input_grad_buffers" in FunctionCtx.__dict__:
+                _observing = _explain.observe(_on_read, wants_reasons=True)
+                _observing.__enter__()
+        _sessions = _sessions + [session]
+
+
+def exit(session):
+    global _sessions, _observing
+    with _lock:
+        remaining = [s for s in _sessions if s is not session]
+        _sessions = remaining
+        if remaining:
+            return
+        if _observing is not None:
+            observing, _observing = _observing, None
+            observing.__exit__(None, None, None)
+        for name in ("apply", "apply_boxed"):
+            if name in _originals and BackwardCFunction.__dict__.get(name) is _WRAPPERS[name]:
+                setattr(BackwardCFunction, name, _originals.pop(name))
+        # Put back only what is still ours (another patch on top stays).
+        if torch.autograd.graph._engine_run_backward is _run_backward:
+            torch.autograd.graph._engine_run_backward = _originals["run"]
+        if torch.autograd.__dict__.get("_engine_run_backward") is _run_backward:
+            torch.autograd._engine_run_backward = _originals["run_here"]
+
+
+def _run_backward(t_outputs, *args, **kwargs):
+    global _backwards
+    sessions = _sessions
+    run = _originals["run"]
+    record = None
+    if sessions:
+        try:
+            grad_tensors = args[0] if args else kwargs.get("grad_tensors")
+            create_graph = args[2] if len(args) > 2 else kwargs.get("create_graph", False)
+            inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
+            record = Backward(t_outputs, grad_tensors, inputs, create_graph)
+        except Exception as error:  # never into the training step
+            for session in sessions:
+                session.failed(error)
+            record = None
+    if record is None:
+        return run(t_outputs, *args, **kwargs)
+    with _lock:
+        _backwards = _backwards + [record]
+    try:
+        return run(t_outputs, *args, **kwargs)
+    finally:
+        record.finish()
+        with _lock:
+            _backwards = [b for b in _backwards if b is not record]
+        for session in sessions:
+            session.add(record)
+        record.release()
+
+
+class _Call:
+    """One custom backward running: the buffers it was handed (held only
+    until it returns) and their versions when handed out."""
+
+    __slots__ = ("ctx", "exposed")
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.exposed = {}
+
+    def written(self):
+        """argument index -> whether the buffer handed out was written."""
+        written = {i: buffer._version != version for i, (buffer, version) in self.exposed.items()}
+        self.exposed = {}
+        return written
+
+
+def _call_backward(original, ctx, args):
+    if not _sessions:
+        return original(ctx, *args)
+    stack = getattr(_calls, "stack", None)
+    if stack is None:
+        stack = _calls.stack = []
+    call = _Call(ctx)
+    stack.append(call)
+    try:
+        returned = original(ctx, *args)
+    finally:
+        stack.pop()
+        written = call.written()
+    grads = returned if isinstance(returned, tuple) else (
+        tuple(returned) if isinstance(returned, list) else (returned,)
+    )
+    try:
+        name = _explain.function_name(ctx)
+        for session in _sessions:
+            session.function_returned(name, grads, written)
+        for record in _backwards:
+            record.function_returned(ctx, grads, written)
+    except Exception as error:  # never into the training step
+        for session in _sessions:
+            session.failed(error)
+    return returned
+
+
+def _apply(self, *args):
+    return _call_backward(_originals["apply"], self, args)
+
+
+def _apply_boxed(self, *args):
+    return _call_backward(_originals["apply_boxed"], self, args)
+
+
+_WRAPPERS = {"apply": _apply, "apply_boxed": _apply_boxed}
+
+
+def _on_read(ctx, result, raw):
+    """Every read of ctx.input_grad_buffers while a block is active."""
+    try:
+        reasons = _explain.build_reasons(ctx, result, raw)
+        stack = getattr(_calls, "stack", None)
+        if stack and stack[-1].ctx is ctx:
+            for i, buffer in enumerate(result):
+                if buffer is not None and i not in stack[-1].exposed:
+                    stack[-1].exposed[i] = (buffer, buffer._version)
+        for session in _sessions:
+            session.function_read(reasons.function, reasons)
+    except Exception as error:
+        for session in _sessions:
+            session.failed(error)

@@ -1,0 +1,274 @@
+"""One backward under ``advise()``: the slots that collect several gradients, and what reached them.
+
+Before the engine runs, the graph is walked from the backward's roots: a
+slot is an input of a node (a consumer: an ``AccumulateGrad`` for a leaf,
+the node that made an activation otherwise) and its producers are the edges
+into it from nodes that will run. Slots with two or more producers are
+watched while the engine runs:
+
+* each producer that is a built-in node gets a post-hook, which sees the
+  gradient it returns for the slot (or None);
+* each custom Function producer is seen by the ``apply`` wrapper of
+  ``engine.py``: what its backward returned, and whether it wrote into an
+  exposed buffer;
+* each consumer gets a pre-hook, which sees the finished buffer: when its
+  storage is not the first gradient's, the engine summed out of place.
+
+Nothing here keeps a gradient: hooks read sizes, storage addresses and
+identities, and the nodes are dropped when the backward ends.
+"""
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.function import BackwardCFunction
+from torch.autograd.graph import get_gradient_edge
+
+from .._explain import _argument_slots, function_name
+
+__all__ = ["Backward", "Arrival"]
+
+
+@dataclass
+class Arrival:
+    """What one producer left in a slot: ``gradient`` (a tensor the engine
+    adds), ``fused`` (written into the exposed buffer, None returned) or
+    ``none`` (nothing)."""
+
+    producer: int
+    kind: str
+    bytes: int = 0
+
+
+def storage_bytes(t):
+    """Bytes a gradient occupies: the extent its strides span (less than its
+    elements for an expanded gradient). Computed from sizes and strides:
+    touching ``untyped_storage()`` would give the storage a Python owner,
+    and the engine would then see the buffer as shared."""
+    if t.numel() == 0:
+        return 0
+    try:
+        span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    except Exception:  # a subclass or layout without strides
+        span = t.numel()
+    return min(span, t.numel()) * t.element_size()
+
+
+def _address(t):
+    try:
+        return t.data_ptr()
+    except Exception:
+        return None
+
+
+def _edge(t):
+    """The (node, input_nr) a gradient for ``t`` goes to, or None."""
+    if isinstance(t, torch.autograd.graph.GradientEdge):
+        return t.node, t.output_nr
+    if t.grad_fn is not None:
+        return t.grad_fn, t.output_nr
+    if t.requires_grad:
+        edge = get_gradient_edge(t)
+        return edge.node, edge.output_nr
+    return None
+
+
+def _metadata_bytes(node, nr):
+    variable = getattr(node, "variable", None)
+    if isinstance(variable, torch.Tensor):
+        return variable.numel() * variable.element_size()
+    try:
+        meta = node._input_metadata[nr]
+        numel = 1
+        for size in meta.shape:
+            numel *= int(size)
+        return numel * meta.dtype.itemsize
+    except Exception:
+        return None
+
+
+class Slot:
+    """A slot with two or more producers in one backward (nodes held only
+    while it runs)."""
+
+    def __init__(self, consumer, nr, producers):
+        self.consumer = consumer
+        self.nr = nr
+        self.op = consumer.name()
+        self.leaf = getattr(consumer, "variable", None)
+        self.seq = None if self.leaf is not None else consumer._sequence_nr()
+        self.grad_bytes = _metadata_bytes(consumer, nr)
+        # (op, sequence number or None, node or None for the backward's root,
+        # the node's output that feeds the slot or the root's index)
+        self.producers = []
+        for node, position in producers:
+            if node is None:
+                self.producers.append(("root gradient", None, None, position))
+            elif isinstance(node, BackwardCFunction):
+                self.producers.append((function_name(node), node._sequence_nr(), node, position))
+            else:
+                self.producers.append((node.name(), node._sequence_nr(), node, position))
+        self.arrivals = []
+        self.first_address = None
+        self.final_address = None
+
+    def arrive(self, producer, gradient, kind=None):
+        if gradient is None:
+            self.arrivals.append(Arrival(producer, kind or "none"))
+            return
+        if self.first_address is None and not any(a.kind == "gradient" for a in self.arrivals):
+            self.first_address = _address(gradient)
+        if self.grad_bytes is None:
+            self.grad_bytes = gradient.numel() * gradient.element_size()
+        self.arrivals.append(Arrival(producer, "gradient", storage_bytes(gradient)))
+
+    @property
+    def out_of_place(self):
+        """The engine replaced the first gradient by a sum (its storage was
+        shared, a view's, or not dense, or grad mode was on)."""
+        return (self.first_address is not None and self.final_address is not None
+                and self.final_address != self.first_address)
+
+
+class Backward:
+    """The slots of one backward call and the hooks that watch them."""
+
+    def __init__(self, t_outputs, grad_tensors, inputs, create_graph):
+        self.create_graph = bool(create_graph)
+        self.lock = threading.Lock()
+        self.handles = []
+        roots = [_edge(t) for t in t_outputs]
+        into, nodes = _walk(roots)
+        if inputs:
+            running = _leading_to(into, nodes, [_edge(t) for t in inputs])
+        else:
+            running = None
+        self.slots = []
+        for (consumer_id, nr), edges in into.items():
+            if running is not None:
+                if consumer_id not in running:
+                    continue
+                edges = [e for e in edges if e[0] is None or id(e[0]) in running]
+            if len(edges) >= 2:
+                self.slots.append(Slot(nodes[consumer_id], nr, edges))
+        self.functions = {}  # id(ctx) -> [(slot, producer index)]
+        self._watch(grad_tensors)
+
+    def _watch(self, grad_tensors):
+        posts, pres = {}, {}
+        for slot in self.slots:
+            pres.setdefault(id(slot.consumer), (slot.consumer, []))[1].append(slot)
+            for index, (_, _, node, position) in enumerate(slot.producers):
+                if node is None:  # the root gradient is in the slot before any node runs
+                    root = grad_tensors[position] if grad_tensors and position < len(grad_tensors) else None
+                    slot.arrive(index, root if isinstance(root, torch.Tensor) else None)
+                elif isinstance(node, BackwardCFunction):
+                    self.functions.setdefault(id(node), []).append((slot, index))
+                else:
+                    posts.setdefault(id(node), (node, []))[1].append((slot, index, position))
+        for node, entries in posts.values():
+            self.handles.append(node.register_hook(self._post_hook(entries)))
+        for consumer, slots in pres.values():
+            self.handles.append(consumer.register_prehook(self._pre_hook(slots)))
+
+    def _post_hook(self, entries):
+        def post(grad_inputs, grad_outputs):
+            with self.lock:
+                for slot, index, position in entries:
+                    slot.arrive(index, grad_inputs[position])
+
+        return post
+
+    def _pre_hook(self, slots):
+        def pre(grad_outputs):
+            with self.lock:
+                for slot in slots:
+                    g = grad_outputs[slot.nr]
+                    slot.final_address = None if g is None else _address(g)
+
+        return pre
+
+    def function_returned(self, ctx, returned, written):
+        """A custom Function producer's backward returned ``returned``;
+        ``written``: argument index -> whether it wrote into the exposed buffer."""
+        entries = self.functions.get(id(ctx))
+        if not entries:
+            return
+        argument_slots = _argument_slots(ctx, len(returned))
+        with self.lock:
+            used = set()
+            for j, edge in enumerate(argument_slots):
+                if edge is None:
+                    continue
+                for k, (slot, index) in enumerate(entries):
+                    if k in used or slot.consumer is not edge[0] or slot.nr != edge[1]:
+                        continue
+                    used.add(k)
+                    gradient = returned[j]
+                    if gradient is None and written.get(j):
+                        slot.arrive(index, None, kind="fused")
+                    else:
+                        slot.arrive(index, gradient)
+                    break
+
+    def finish(self):
+        """Remove the hooks (the backward is over, or failed)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def release(self):
+        """Drop every node and tensor this record held."""
+        for slot in self.slots:
+            slot.consumer = None
+            slot.leaf = None
+            slot.producers = [(op, seq, None, position) for op, seq, _, position in slot.producers]
+        self.functions = {}
+
+
+def _walk(roots):
+    """Every edge reachable from the roots: {(id(consumer), nr): [(producer
+    or None for a root, output index)]}, and the nodes by id."""
+    into, nodes = {}, {}
+    stack = []
+    for k, edge in enumerate(roots):
+        if edge is None:
+            continue
+        node, nr = edge
+        into.setdefault((id(node), nr), []).append((None, k))
+        if id(node) not in nodes:
+            nodes[id(node)] = node
+            stack.append(node)
+    while stack:
+        node = stack.pop()
+        for i, (child, nr) in enumerate(node.next_functions):
+            if child is None:
+                continue
+            key = (id(child), nr)
+            edges = into.get(key)
+            if edges is None:
+                into[key] = [(node, i)]
+            else:
+                edges.append((node, i))
+            if id(child) not in nodes:
+                nodes[id(child)] = child
+                stack.append(child)
+    return into, nodes
+
+
+def _leading_to(into, nodes, input_edges):
+    """With ``inputs=`` the engine runs only the nodes on a path to an
+    input: the ids of those nodes (the inputs' own included)."""
+    parents = {}
+    for (consumer_id, _), edges in into.items():
+        for producer, _ in edges:
+            if producer is not None:
+                parents.setdefault(consumer_id, []).append(producer)
+    running = {id(edge[0]) for edge in input_edges if edge is not None}
+    queue = list(running)
+    while queue:
+        for producer in parents.get(queue.pop(), ()):
+            if id(producer) not in running:
+                running.add(id(producer))
+                queue.append(id(producer))
+    return running

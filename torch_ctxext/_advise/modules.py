@@ -1,0 +1,133 @@
+"""Which module made each autograd node, and what each parameter is called.
+
+A node's sequence number is taken from a per-thread counter when the node is
+created, so the nodes a module's forward creates are exactly those numbered
+between the counter's value when the forward starts and when it ends. The
+forward hooks below read the counter at both ends (by creating one throwaway
+node: no binding reads it otherwise) and keep the interval; a node is
+attributed to the innermost call whose interval holds its number. Node
+numbers only ever grow, so the probe nodes change no order the engine sees.
+"""
+import bisect
+import threading
+
+import torch
+
+__all__ = ["ModuleCalls", "ParameterNames"]
+
+_probe = threading.local()
+
+
+def _counter():
+    """The next sequence number of this thread, or None when no node would
+    be created (grad mode off) or the probe fails (a tracer, a mode)."""
+    if not torch.is_grad_enabled():
+        return None
+    leaf = getattr(_probe, "leaf", None)
+    if leaf is None:
+        leaf = _probe.leaf = torch.zeros((), requires_grad=True)
+    try:
+        return leaf.view(()).grad_fn._sequence_nr()
+    except Exception:  # under torch.compile's tracer, a dispatch mode, ...
+        return None
+
+
+class ModuleCalls:
+    """Forward hooks on every module of a model: the interval of sequence
+    numbers of each call, and ``attribute(seq)``: (path, module, call) of the
+    innermost call that created the node numbered ``seq`` (call counts from
+    1, per module), or None."""
+
+    def __init__(self, model):
+        self.model = model
+        self.paths = {}
+        for path, module in model.named_modules():
+            self.paths.setdefault(id(module), path)
+        self._calls = {}  # id(module) -> calls so far
+        self._starts = []  # sorted start numbers ...
+        self._intervals = []  # ... and (start, end, path, module, call), in that order
+        self._open = threading.local()
+        self._lock = threading.Lock()
+        self._handles = []
+
+    def install(self):
+        for module in self.model.modules():
+            self._handles.append(module.register_forward_pre_hook(self._pre))
+            self._handles.append(module.register_forward_hook(self._post))
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _pre(self, module, args):
+        stack = getattr(self._open, "stack", None)
+        if stack is None:
+            stack = self._open.stack = []
+        stack.append((module, _counter()))
+
+    def _post(self, module, args, output):
+        stack = getattr(self._open, "stack", [])
+        while stack and stack[-1][0] is not module:  # a forward that raised
+            stack.pop()
+        if not stack:
+            return
+        _, start = stack.pop()
+        end = _counter()
+        with self._lock:
+            call = self._calls.get(id(module), 0) + 1
+            self._calls[id(module)] = call
+            if start is None or end is None:
+                return
+            i = bisect.bisect(self._starts, start)
+            self._starts.insert(i, start)
+            self._intervals.insert(i, (start, end, self.paths.get(id(module), "?"), module, call))
+
+    def attribute(self, seq):
+        if seq is None:
+            return None
+        with self._lock:
+            i = bisect.bisect(self._starts, seq)
+            # Intervals nest: going back from the last one that starts before
+            # seq, the first that has not ended yet is the innermost.
+            while i > 0:
+                i -= 1
+                start, end, path, module, call = self._intervals[i]
+                if start < seq < end:
+                    calls = self._calls.get(id(module), 1)
+                    return path, module, call if calls > 1 else None
+        return None
+
+    def path_name(self, path):
+        """A module path as the report shows it: the model itself by its class."""
+        return path or type(self.model).__name__
+
+
+class ParameterNames:
+    """Parameter (and buffer) tensors of a model by identity: their name, the
+    other names a tied one has, and the modules that hold them directly."""
+
+    def __init__(self, model):
+        self.names = {}
+        self.owners = {}
+        for module_path, module in model.named_modules(remove_duplicate=False):
+            for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
+                if p is None:
+                    continue
+                full = f"{module_path}.{name}" if module_path else name
+                names = self.names.setdefault(id(p), [])
+                if full not in names:
+                    names.append(full)
+                owners = self.owners.setdefault(id(p), [])
+                if all(m is not module for m in owners):
+                    owners.append(module)
+
+    def name(self, tensor):
+        names = self.names.get(id(tensor))
+        return names[0] if names else None
+
+    def tied(self, tensor):
+        return self.names.get(id(tensor), [])[1:]
+
+    def owned_by(self, tensor, module):
+        return any(m is module for m in self.owners.get(id(tensor), []))

@@ -1,0 +1,298 @@
+"""What ``with torch_ctxext.advise(model) as report`` collected, as a table and as plain data."""
+import collections
+import re
+from dataclasses import dataclass, field
+
+from .._explain import FunctionBufferStats
+
+__all__ = ["AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice", "DropInAdvice", "account"]
+
+
+@dataclass
+class ProducerAdvice:
+    """One producer of a slot: the op (autograd node) or custom Function
+    whose backward returns a gradient for it, the module that made it
+    (``path#call`` when the module ran several times), and the drop-in that
+    would fuse it into the slot's buffer (None: none would)."""
+
+    op: str
+    module: str | None = None
+    drop_in: str | None = None
+
+    def as_dict(self):
+        return {"op": self.op, "module": self.module, "drop_in": self.drop_in}
+
+
+@dataclass
+class SlotAdvice:
+    """A tensor into which one backward accumulated more than one gradient.
+
+    ``temporaries``: gradients its producers returned that the engine then
+    added to the buffer; ``summed_out_of_place``: sums the engine allocated
+    because the buffer could not be added to in place (the first gradient
+    was a view or shared); ``temporary_bytes`` the bytes of both;
+    ``avoided_bytes`` what the ``fused`` producers did not allocate;
+    ``avoidable_bytes`` what the drop-ins would still save, and
+    ``avoidable_peak_bytes`` the most of it alive at one time (at one add).
+    """
+
+    name: str
+    kind: str  # "parameter", "tensor" (another leaf) or "activation"
+    producers: list
+    grad_bytes: int
+    fused: int = 0
+    temporaries: int = 0
+    summed_out_of_place: int = 0
+    temporary_bytes: int = 0
+    avoided_bytes: int = 0
+    avoidable_bytes: int = 0
+    avoidable_peak_bytes: int = 0
+    tied: list = field(default_factory=list)  # other names of a tied parameter
+
+    @property
+    def drop_in(self):
+        names = sorted({p.drop_in for p in self.producers if p.drop_in})
+        return ", ".join(names) or None
+
+    def merge(self, other):
+        self.producers += other.producers
+        for key in ("fused", "temporaries", "summed_out_of_place", "temporary_bytes",
+                    "avoided_bytes", "avoidable_bytes"):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        self.avoidable_peak_bytes = max(self.avoidable_peak_bytes, other.avoidable_peak_bytes)
+
+    def as_dict(self):
+        return {
+            "name": self.name, "kind": self.kind, "tied": list(self.tied),
+            "producers": [p.as_dict() for p in self.producers],
+            "grad_bytes": self.grad_bytes, "fused": self.fused, "temporaries": self.temporaries,
+            "summed_out_of_place": self.summed_out_of_place,
+            "temporary_bytes": self.temporary_bytes, "avoided_bytes": self.avoided_bytes,
+            "avoidable_bytes": self.avoidable_bytes,
+            "avoidable_peak_bytes": self.avoidable_peak_bytes, "drop_in": self.drop_in,
+        }
+
+
+@dataclass
+class FunctionAdvice(FunctionBufferStats):
+    """Reads of ``ctx.input_grad_buffers`` by one custom Function: entries
+    exposed, buffers really written in place (``used``), entries that fell
+    back to ``None`` and why (``explain()``'s labels)."""
+
+    used: int = 0
+
+    def as_dict(self):
+        return {"reads": self.reads, "exposed": self.exposed, "used": self.used,
+                "fell_back": self.fell_back, "not_applicable": self.not_applicable,
+                "reasons": dict(self.reasons.most_common())}
+
+    def __str__(self):
+        return super().__str__().replace(" exposed, ", f" exposed, {self.used} used, ", 1)
+
+
+@dataclass
+class DropInAdvice:
+    """A stock module and the drop-in that would fuse its gradients."""
+
+    module: str
+    stock: str
+    drop_in: str
+    avoidable_bytes: int = 0
+    slots: list = field(default_factory=list)
+
+    def as_dict(self):
+        return {"module": self.module, "stock": self.stock, "drop_in": self.drop_in,
+                "avoidable_bytes": self.avoidable_bytes, "slots": list(self.slots)}
+
+
+def account(slot, arrivals, out_of_place, create_graph):
+    """Fill ``slot``'s counts from what reached it, in order; returns the
+    savings the drop-ins would make, [(producer index, bytes)].
+
+    The engine keeps the first gradient as the buffer and adds each later
+    one to it: in place, unless the first could not be (then it allocates
+    one sum, after which the buffer is its own). With the drop-ins, a
+    producer that has one fuses wherever the buffer is exposed (the same
+    rule); the first gradient, if a drop-in returns it, is a fresh tensor,
+    so no sum out of place is needed at all. Under ``create_graph=True``
+    nothing is exposed.
+    """
+    given = [a for a in arrivals if a.kind != "none"]
+    later = given[1:]
+    slot.fused = sum(1 for a in given if a.kind == "fused")
+    slot.temporaries = sum(1 for a in later if a.kind == "gradient")
+    slot.summed_out_of_place = int(bool(out_of_place and slot.temporaries))
+    slot.temporary_bytes = (sum(a.bytes for a in later if a.kind == "gradient")
+                            + slot.summed_out_of_place * slot.grad_bytes)
+    slot.avoided_bytes = slot.fused * slot.grad_bytes
+    savings = []
+    if not given or create_graph or given[0].kind != "gradient":
+        return savings
+    first_drop_in = slot.producers[given[0].producer].drop_in is not None
+    exposable = first_drop_in or not slot.summed_out_of_place
+    events = []  # bytes saved at each add: what would not be alive then
+    for k, a in enumerate(later):
+        if a.kind != "gradient":
+            continue
+        saved = 0
+        if k == 0 and slot.summed_out_of_place and first_drop_in:
+            # The sum the engine allocates at the second gradient: a
+            # drop-in's first gradient is its own tensor, added to in place.
+            savings.append((given[0].producer, slot.grad_bytes))
+            saved += slot.grad_bytes
+        if exposable and slot.producers[a.producer].drop_in is not None:
+            savings.append((a.producer, a.bytes))
+            saved += a.bytes
+        events.append(saved)
+        exposable = True  # after this add the buffer is the engine's own
+    slot.avoidable_bytes = sum(b for _, b in savings)
+    slot.avoidable_peak_bytes = max(events, default=0)
+    return savings
+
+
+def _count(n, noun):
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _natural(name):
+    """Sort key: "cell#2" before "cell#10"."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def fmt_bytes(n):
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 ** 2:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / 1024 ** 2:.2f} MiB"
+
+
+def _producers_summary(producers):
+    groups = collections.Counter()
+    for p in producers:
+        module = p.module.split("#")[0] if p.module else None
+        groups[(p.op, module)] += 1
+    return ", ".join(f"{n} x {op}" + (f" in {module}" if module else "")
+                     for (op, module), n in groups.items())
+
+
+class AdviceReport:
+    """What ``with torch_ctxext.advise(model) as report:`` saw.
+
+    ``print(report)`` is a table, largest possible saving first;
+    ``report.as_dict()`` the same as plain, JSON-serialisable data;
+    ``report[name]`` a slot by its name (``"encoder.fc1.weight"``).
+    """
+
+    def __init__(self, model_name=None):
+        self.model = model_name
+        self.backwards = 0
+        self._slots = {}
+        self.functions = {}
+        self.drop_ins = {}
+        self.notes = []
+
+    @property
+    def slots(self):
+        return sorted(self._slots.values(),
+                      key=lambda s: (-s.avoidable_bytes, -s.temporary_bytes, _natural(s.name)))
+
+    def __getitem__(self, name):
+        return self._slots[name]
+
+    def __contains__(self, name):
+        return name in self._slots
+
+    @property
+    def temporary_bytes(self):
+        return sum(s.temporary_bytes for s in self._slots.values())
+
+    @property
+    def avoided_bytes(self):
+        return sum(s.avoided_bytes for s in self._slots.values())
+
+    @property
+    def avoidable_bytes(self):
+        return sum(s.avoidable_bytes for s in self._slots.values())
+
+    @property
+    def avoidable_peak_bytes(self):
+        """The most the drop-ins would take off the backward's peak: the
+        temporaries of one add are all that is alive of them at a time, and
+        the peak drops by that only where it falls on that add."""
+        return max((s.avoidable_peak_bytes for s in self._slots.values()), default=0)
+
+    def add_slot(self, slot):
+        if slot.name in self._slots:
+            self._slots[slot.name].merge(slot)
+        else:
+            self._slots[slot.name] = slot
+
+    def add_saving(self, path, stock, drop_in, slot_name, nbytes):
+        advice = self.drop_ins.setdefault(path, DropInAdvice(path, stock, drop_in))
+        advice.avoidable_bytes += nbytes
+        if slot_name not in advice.slots:
+            advice.slots.append(slot_name)
+
+    def function(self, name):
+        if name not in self.functions:
+            self.functions[name] = FunctionAdvice(name)
+        return self.functions[name]
+
+    def note(self, text):
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def as_dict(self):
+        return {
+            "model": self.model,
+            "backwards": self.backwards,
+            "slots": [s.as_dict() for s in self.slots],
+            "temporary_bytes": self.temporary_bytes,
+            "avoided_bytes": self.avoided_bytes,
+            "avoidable_bytes": self.avoidable_bytes,
+            "avoidable_peak_bytes": self.avoidable_peak_bytes,
+            "drop_ins": [d.as_dict() for d in self._drop_ins_sorted()],
+            "functions": {name: f.as_dict() for name, f in sorted(self.functions.items())},
+            "notes": list(self.notes),
+        }
+
+    def _drop_ins_sorted(self):
+        return sorted(self.drop_ins.values(), key=lambda d: (-d.avoidable_bytes, d.module))
+
+    def __str__(self):
+        slots = self.slots
+        temporaries = sum(s.temporaries + s.summed_out_of_place for s in slots)
+        lines = [
+            f"torch_ctxext.advise: {_count(self.backwards, 'backward')}; {_count(len(slots), 'tensor')} "
+            "received more than one gradient",
+            f"  temporaries allocated to accumulate them: {_count(temporaries, 'gradient')}, "
+            f"{fmt_bytes(self.temporary_bytes)}",
+            f"  fusing avoided {fmt_bytes(self.avoided_bytes)}; the drop-ins would save "
+            f"{fmt_bytes(self.avoidable_bytes)} more (at most {fmt_bytes(self.avoidable_peak_bytes)} "
+            "of it at one time)",
+        ]
+        if slots:
+            rows = [("could save", "temporaries (+ sums)", "gradient", "fused", "tensor <- producers")]
+            for s in slots:
+                temps = f"{s.temporaries}" + (f" + {s.summed_out_of_place} sum" if s.summed_out_of_place else "")
+                name = s.name + (f" (tied: {', '.join(s.tied)})" if s.tied else "")
+                rows.append((fmt_bytes(s.avoidable_bytes) if s.avoidable_bytes else "-",
+                             f"{temps}, {fmt_bytes(s.temporary_bytes)}", fmt_bytes(s.grad_bytes),
+                             str(s.fused), f"{name} <- {_producers_summary(s.producers)}"))
+            widths = [max(len(r[i]) for r in rows) for i in range(4)]
+            lines.append("")
+            lines += ["  " + "  ".join([r[i].rjust(widths[i]) for i in range(4)] + [r[4]]) for r in rows]
+        if self.drop_ins:
+            lines += ["", "drop-ins (torch_ctxext.nn.fuse(model) swaps them all in):"]
+            for d in self._drop_ins_sorted():
+                lines.append(f"  {d.module}: {d.stock} -> torch_ctxext.nn.{d.drop_in}, saves "
+                             f"{fmt_bytes(d.avoidable_bytes)} ({', '.join(d.slots)})")
+        if self.functions:
+            lines += ["", "custom Functions that read ctx.input_grad_buffers:"]
+            lines += [f"  {f}" for _, f in sorted(self.functions.items())]
+        if self.notes:
+            lines += [""] + [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    __repr__ = __str__

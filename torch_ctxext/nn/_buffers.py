@@ -1,0 +1,15 @@
+"""When the drop-ins of torch_ctxext.nn read ``ctx.input_grad_buffers``."""
+import torch
+
+
+def readable_buffers(ctx, fuse):
+    """``ctx.input_grad_buffers`` where the drop-in may read it, else all None.
+
+    Grad mode is on in backward only under ``create_graph=True`` (double
+    backward), where the property raises: the fallback, which is
+    differentiable, runs instead. A tracer (``torch.compile``, compiled
+    autograd) gets the fallback too. ``fuse=False`` never reads.
+    """
+    if fuse and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        return ctx.input_grad_buffers
+    return (None,) * len(ctx.needs_input_grad)

@@ -1,0 +1,106 @@
+"""``FusedEmbedding``: a drop-in ``nn.Embedding`` whose backward adds its rows into the engine's buffer.
+
+A stock embedding's backward returns a dense ``num_embeddings x
+embedding_dim`` gradient, mostly zeros, for the engine to add to whatever
+the weight's buffer already holds. When the weight is also used elsewhere in
+the same backward (an output projection tied to the token embedding, as in
+GPT-2 and ALBERT, or one embedding table read by several lookups), the
+engine has a buffer for it when the lookup's backward runs, since the lookup
+is created first and so runs last: ``FusedEmbedding`` then adds its rows into
+that buffer (``index_add_``) and returns ``None``, and no dense temporary is
+allocated. Where no buffer is exposed, it returns what ``nn.Embedding``
+returns (``aten.embedding_dense_backward``, bit for bit).
+
+``padding_idx``, ``scale_grad_by_freq`` and ``max_norm`` behave as in
+``nn.Embedding``; a ``sparse=True`` embedding runs the stock lookup (its
+gradient is sparse: there is no dense buffer to add into). Whether the
+buffer is exposed depends on what the earlier producer left in it: the
+transposed gradient of a functional ``F.linear(h, embedding.weight)`` is a
+view sharing its storage, and is not exposed (``torch_ctxext.explain()``
+says "shared with another tensor (its storage ...)"); an output projection
+that is an ``nn.Linear`` made a ``FusedLinear`` leaves a buffer of its own.
+
+    >>> import torch
+    >>> from torch_ctxext.nn import FusedEmbedding, FusedLinear
+    >>> embedding = FusedEmbedding(10, 4)
+    >>> head = FusedLinear(4, 10, bias=False)
+    >>> head.weight = embedding.weight                  # tied output projection
+    >>> tokens = torch.tensor([[1, 2, 3]])
+    >>> head(embedding(tokens)).sum().backward()        # the lookup adds into head's gradient
+    >>> embedding.weight.grad.shape
+    torch.Size([10, 4])
+"""
+import torch
+
+from ._buffers import readable_buffers
+
+__all__ = ["FusedEmbedding", "FusedEmbeddingFunction"]
+
+
+class FusedEmbeddingFunction(torch.autograd.Function):
+    """``weight[indices]`` whose backward adds into the weight's buffer.
+
+    ``forward(ctx, indices, weight, padding_idx, scale_grad_by_freq, fuse)``:
+    ``padding_idx`` is ``-1`` for none (as ``torch.embedding`` takes it);
+    ``fuse`` False gives ``nn.Embedding``'s backward.
+    """
+
+    @staticmethod
+    def forward(ctx, indices, weight, padding_idx, scale_grad_by_freq, fuse):
+        ctx.save_for_backward(indices)
+        ctx.num_weights = weight.shape[0]
+        ctx.padding_idx = padding_idx
+        ctx.scale_grad_by_freq = scale_grad_by_freq
+        ctx.fuse = fuse
+        return torch.embedding(weight, indices, padding_idx, scale_grad_by_freq, False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (indices,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[1]:
+            return None, None, None, None, None
+        _, w_buf, _, _, _ = readable_buffers(ctx, ctx.fuse)
+        if w_buf is not None and w_buf.dtype == grad.dtype:
+            rows = indices.reshape(-1)
+            g = grad.reshape(-1, grad.shape[-1])
+            if ctx.scale_grad_by_freq:
+                counts = torch.bincount(rows, minlength=ctx.num_weights)
+                g = g / counts[rows].unsqueeze(1).to(g.dtype)
+            if ctx.padding_idx >= 0:  # the padding row gets no gradient
+                keep = rows != ctx.padding_idx
+                rows, g = rows[keep], g[keep]
+            w_buf.index_add_(0, rows, g)
+            return None, None, None, None, None
+        grad_weight = torch.ops.aten.embedding_dense_backward(
+            grad, indices, ctx.num_weights, ctx.padding_idx, ctx.scale_grad_by_freq
+        )
+        return None, grad_weight, None, None, None
+
+
+class FusedEmbedding(torch.nn.Embedding):
+    """``torch.nn.Embedding`` with :class:`FusedEmbeddingFunction` as its lookup.
+
+    Same ``__init__``, parameters and ``state_dict``; ``fuse=False`` (or
+    setting ``.fuse`` later) keeps the Function but never reads the buffers.
+    """
+
+    def __init__(self, *args, fuse=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fuse = fuse
+
+    def forward(self, input):
+        if self.sparse:
+            return super().forward(input)
+        if self.max_norm is not None:
+            # What F.embedding does first: renormalise the rows looked up,
+            # in place, outside autograd.
+            input = input.contiguous()
+            with torch.no_grad():
+                torch.embedding_renorm_(self.weight, input, self.max_norm, self.norm_type)
+        padding_idx = -1 if self.padding_idx is None else self.padding_idx
+        return FusedEmbeddingFunction.apply(
+            input, self.weight, padding_idx, self.scale_grad_by_freq, self.fuse
+        )
+
+    def extra_repr(self):
+        return super().extra_repr() + f", fuse={self.fuse}"
