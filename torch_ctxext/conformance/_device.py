@@ -65,9 +65,7 @@ def select(name, module=None):
         try:
             importlib.import_module(module)
         except Exception as e:  # ImportError, or the module's own refusal
-            raise DeviceError(
-                f"device {name!r}: importing {module!r}, which registers it, failed: {e}"
-            ) from None
+            raise DeviceError(f"importing {module!r}, which registers the device, failed: {e}") from None
     try:
         device = torch.device(name)
     except RuntimeError:
