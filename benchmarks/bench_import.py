@@ -30,6 +30,7 @@ Finding the build: in one process, the lookup alone, without loading (best of
 5 times 100 calls): in the cache (reading and hashing the files its name
 depends on) vs in the package.
 """
+import glob
 import json
 import os
 import shutil
@@ -82,6 +83,21 @@ def _lookup_ms(python, function, env):
     return float(_run(python, code, env)[1].stdout)
 
 
+def timed_imports(python, sides, rounds, origins):
+    """{side: [ms of `import torch_ctxext` after `import torch`, a process a
+    round]} for each side (an environment), the sides alternating process by
+    process, round after round, rotating which goes first; each must load
+    its extension from ``origins[side]``."""
+    per_round = {side: [] for side in sides}
+    for r in range(rounds):
+        order = list(sides)[r % 2:] + list(sides)[: r % 2]
+        for side in order:
+            origin, seconds = _run(python, TIMED_IMPORT, sides[side])[1].stdout.split()
+            assert origin == origins[side], (side, origin)
+            per_round[side].append(float(seconds) * 1e3)
+    return per_round
+
+
 def collect(python=None, rounds=20):
     """Measure; return a JSON-able dict."""
     python = python or sys.executable
@@ -99,21 +115,18 @@ def collect(python=None, rounds=20):
         (key,) = [d for d in os.listdir(os.path.join(cache, "builds")) if os.path.isdir(os.path.join(cache, "builds", d))]
         with open(os.path.join(cache, "builds", key, "build.json")) as f:
             record = json.load(f)
-        # The same library, shipped in the package as a compiled install has it.
+        # The same library, shipped in the package as a compiled install has
+        # it, with its layout verdict beside it (made at install).
         suffix = subprocess.run([python, "-c", "import importlib.machinery as m; print(m.EXTENSION_SUFFIXES[0])"],
                                 capture_output=True, text=True, check=True).stdout.strip()
         shutil.copy(os.path.join(cache, "builds", key, "_C.so"), os.path.join(package, "_C" + suffix))
+        for verdict in glob.glob(os.path.join(cache, "builds", key, "layout-*.json")):
+            shutil.copy(verdict, package)
         with open(os.path.join(package, "_build_info.py"), "w") as f:
             f.write(f"TORCH_VERSION = {info[0]!r}\nTORCH_GIT_VERSION = {info[1]!r}\n")
         sides = {"cache": _env(sources, cache), "package": _env(packaged, os.path.join(work, "empty-cache"))}
-        per_round = {side: [] for side in sides}
         bench.log(f"import torch_ctxext, from the cache vs from the package: {rounds} rounds")
-        for r in range(rounds):
-            order = list(sides)[r % 2:] + list(sides)[: r % 2]
-            for side in order:
-                origin, seconds = _run(python, TIMED_IMPORT, sides[side])[1].stdout.split()
-                assert origin == side, (origin, side)
-                per_round[side].append(float(seconds) * 1e3)
+        per_round = timed_imports(python, sides, rounds, origins={"cache": "cache", "package": "package"})
         ratios = [c / p for c, p in zip(per_round["cache"], per_round["package"])]
         lookup = {
             "cache": _lookup_ms(python, "torch_ctxext._ext.build_cache.cached_library", sides["cache"]),

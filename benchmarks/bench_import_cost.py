@@ -29,7 +29,7 @@ import time
 
 import bench
 from bench import ROOT
-from bench_import import TIMED_IMPORT, _env, _run, _sources_only_copy
+from bench_import import _env, _run, _sources_only_copy, timed_imports
 
 
 def _revision_copy(rev, site):
@@ -75,14 +75,8 @@ def collect(python=None, against="HEAD~1", rounds=20):
             _run(python, "import torch_ctxext", env)
         info = json.loads(_run(python, "import json, torch; print(json.dumps([torch.__version__, torch.version.git_version]))",
                                sides["earlier"])[1].stdout)
-        per_round = {side: [] for side in sides}
         bench.log(f"import torch_ctxext, this checkout vs {earlier}: {rounds} rounds")
-        for r in range(rounds):
-            order = list(sides)[r % 2:] + list(sides)[: r % 2]
-            for side in order:
-                origin, seconds = _run(python, TIMED_IMPORT, sides[side])[1].stdout.split()
-                assert origin == "cache", (side, origin)
-                per_round[side].append(float(seconds) * 1e3)
+        per_round = timed_imports(python, sides, rounds, origins=dict.fromkeys(sides, "cache"))
         ratios = [n / o for n, o in zip(per_round["this checkout"], per_round["earlier"])]
         find_verdict_ms = float(_run(python, FIND_VERDICT, sides["this checkout"])[1].stdout)
         return {

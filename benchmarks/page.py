@@ -78,6 +78,14 @@ def verdicts(results):
         lines += [f"* Shared-layer model, {line}." for line in bench_model.summary(results["model"])]
     if "advise" in results:
         lines += [f"* Where fusing pays, {line}." for line in bench_advise.summary(results["advise"])]
+    if "import_cost" in results:
+        r = results["import_cost"]
+        lines.append(
+            f"* The import's own cost (after `import torch`, build cached): {r['new_ms']:.1f} ms, against "
+            f"{r['old_ms']:.1f} ms for {r['against']}, whose import ran the layout probe's backward in the "
+            f"process (ratio {r['new_over_old']['ratio']:.2f}, {r['new_ms'] - r['old_ms']:+.1f} ms); finding "
+            f"and reading the layout verdict instead costs {r['find_verdict_ms']:.2f} ms."
+        )
     if "install" in results:
         r = results["install"]
         lines.append(
