@@ -98,6 +98,18 @@ def timed_imports(python, sides, rounds, origins):
     return per_round
 
 
+def measured_on(info):
+    """What a record says of where and when it was measured: ``info`` is
+    [torch.__version__, torch.version.git_version] of the measured torch."""
+    return {
+        "torch": info[0],
+        "torch_git": info[1],
+        "python": sys.version.split()[0],
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average": os.getloadavg(),
+    }
+
+
 def collect(python=None, rounds=20):
     """Measure; return a JSON-able dict."""
     python = python or sys.executable
@@ -133,11 +145,7 @@ def collect(python=None, rounds=20):
             "package": _lookup_ms(python, "torch_ctxext._ext.loader.packaged_build", sides["package"]),
         }
         return {
-            "torch": info[0],
-            "torch_git": info[1],
-            "python": sys.version.split()[0],
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load_average": os.getloadavg(),
+            **measured_on(info),
             "import_torch_s": import_torch,
             "first_import_s": first,
             "build_s": record["seconds"],

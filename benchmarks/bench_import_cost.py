@@ -29,7 +29,7 @@ import time
 
 import bench
 from bench import ROOT
-from bench_import import _env, _run, _sources_only_copy, timed_imports
+from bench_import import _env, _run, _sources_only_copy, measured_on, timed_imports
 
 
 def _revision_copy(rev, site):
@@ -80,11 +80,7 @@ def collect(python=None, against="HEAD~1", rounds=20):
         ratios = [n / o for n, o in zip(per_round["this checkout"], per_round["earlier"])]
         find_verdict_ms = float(_run(python, FIND_VERDICT, sides["this checkout"])[1].stdout)
         return {
-            "torch": info[0],
-            "torch_git": info[1],
-            "python": sys.version.split()[0],
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load_average": os.getloadavg(),
+            **measured_on(info),
             "against": earlier,
             "rounds": rounds,
             "new_ms": statistics.median(per_round["this checkout"]),
