@@ -62,7 +62,7 @@ def _verify_layout(library):
     except verdict.ProbeNotRun as e:
         _notice(f"the layout of the new build was not verified ({e}); its first import verifies it.")
         return
-    verdict.write(os.path.join(os.path.dirname(library), verdict.verdict_name(library)), record)
+    verdict.write(verdict.beside(library), record)
     found = record["found"]
     _notice("the new build reads this torch's structures as its headers say." if not found
             else f"the new build does not read this torch's structures as its headers say: {found}")

@@ -877,7 +877,7 @@ def _verify_layout(library, log):
     here is made by the next import."""
     try:
         record = layout_verdict.verify(library)
-        layout_verdict.write(os.path.join(os.path.dirname(library), layout_verdict.verdict_name(library)), record)
+        layout_verdict.write(layout_verdict.beside(library), record)
         note = f"layout verified in {record['seconds']} s: " + (
             "everything reads back as the headers say" if not record["found"] else json.dumps(record["found"])
         )

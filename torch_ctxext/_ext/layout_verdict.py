@@ -32,6 +32,7 @@ recorded: the next import tries again).
 This module is loaded by its path from setup.py (no relative imports at the
 top: only the standard library, and torch where it is called).
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -143,6 +144,12 @@ def key(library):
 
 def verdict_name(library):
     return f"layout-{key(library)}.json"
+
+
+def beside(library):
+    """Where the verdict of ``library`` is kept beside it (by the build step
+    and setup.py, which make the build)."""
+    return os.path.join(os.path.dirname(library), verdict_name(library))
 
 
 # --- the probe, in a child process ------------------------------------------
@@ -261,17 +268,9 @@ def write(path, record):
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:
-        with _suppress_os_error():
+        with contextlib.suppress(OSError):
             os.remove(temporary)
         raise
-
-
-class _suppress_os_error:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, traceback):
-        return kind is not None and issubclass(kind, OSError)
 
 
 def read(path):

@@ -191,12 +191,13 @@ verdict = None
 verdict_path = None
 
 
-def _verdict_places(library, name):
+def _verdict_places(library):
     """Where the verdict for ``library`` may be: beside it (a build in the
     cache, or one installed with a verdict made at install), then the
     cache's own directory for verdicts of builds outside it (a packaged
     build verified later: nothing is written into site-packages after pip)."""
-    return [os.path.join(os.path.dirname(library), name), os.path.join(build_cache.root(), "layouts", name)]
+    path = _verdict.beside(library)
+    return [path, os.path.join(build_cache.root(), "layouts", os.path.basename(path))]
 
 
 def _store_at(library, places):
@@ -231,7 +232,7 @@ def verdict_of(library):
     it is kept or None), read, or made now in a child process and kept.
     Raises ProbeNotRun, or build._LockTimeout after waiting that long for
     another process's verification."""
-    places = _verdict_places(library, _verdict.verdict_name(library))
+    places = _verdict_places(library)
     for path in places:
         record = _verdict.read(path)
         if record is not None:
