@@ -1,14 +1,14 @@
 """A first import builds as torch.utils.cpp_extension.load would, without it.
 
-* the ninja file the importing process writes, with cpp_extension's own
-  helpers, is byte for byte the one load() writes for the same sources and
-  flags (the running release's include paths, ABI and pybind11 defines,
-  libraries; $TORCH_CTXEXT_EXTRA_CFLAGS/LDFLAGS), and ninja runs with the
-  arguments load() gives it ($MAX_JOBS);
-* where this torch's helpers are not as expected (a release that renamed or
-  changed them), the build runs load() itself in a child process: it builds
-  a library that provides the members, and a compile error is remembered
-  and a killed build is not, as on the first path (test_build_lock.py);
+* the flags of the ninja file torch_ctxext writes (``_ext/compile.py``, in
+  the build's own process, without importing cpp_extension) are the ones
+  load() writes for the same sources and flags on the running release
+  (include paths, C++ standard, ABI and pybind11 defines, libraries;
+  $TORCH_CTXEXT_EXTRA_CFLAGS/LDFLAGS), and ninja runs with the arguments
+  load() gives it ($MAX_JOBS);
+* the facts of torch that the flags need, read from an unpacked torch that
+  is not imported (the wheels, tools/wheels.py), are those the running
+  torch reports;
 * a library that links but does not load (it names a symbol nothing
   exports) is not published, and not remembered.
 
@@ -20,23 +20,16 @@ import glob
 import io
 import os
 import re
+import shlex
 import subprocess
+import sysconfig
 
 import pytest
 import torch
 
-from test_build_lock import ANNOUNCE, FEATURES, KILL_THE_BUILD, NEEDS_EXTENSION, compiler, failing, run, unavailable
+from test_build_lock import ANNOUNCE, FEATURES, NEEDS_EXTENSION, failing, run, unavailable
 
-# Run before `import torch_ctxext`: a torch.utils.cpp_extension without the
-# helper the importing process writes the ninja file with.
-WITHOUT_HELPERS = "import torch.utils.cpp_extension as c; del c._write_ninja_file_to_build_library\n"
-FALLBACK = "building with torch.utils.cpp_extension.load in a child process"
 BUILD_FORCE = "import sys; from torch_ctxext.__main__ import main; sys.exit(main(['build', '--force']))"
-PATHS = pytest.mark.parametrize("helpers", ["ninja file written here", "load() in a child"])
-
-
-def _prefix(helpers):
-    return WITHOUT_HELPERS if helpers == "load() in a child" else ""
 
 
 def _log(cache):
@@ -45,28 +38,37 @@ def _log(cache):
         return f.read()
 
 
+def _ninja_variables(path):
+    """{name: [words]} of a ninja file's top-level variables."""
+    found = {}
+    for line in open(path).read().splitlines():
+        match = re.match(r"^(\w+) = (.*)$", line)
+        if match:
+            found[match.group(1)] = shlex.split(match.group(2))
+    return found
+
+
 @pytest.mark.parametrize("extra", [{}, {"TORCH_CTXEXT_EXTRA_CFLAGS": "-g0 -DTORCH_CTXEXT_PROBE=1",
                                         "TORCH_CTXEXT_EXTRA_LDFLAGS": "-Wl,-z,now", "MAX_JOBS": "3"}])
-def test_the_ninja_file_and_command_are_the_ones_load_uses(tmp_path, monkeypatch, extra):
+def test_the_flags_and_the_ninja_command_are_the_ones_load_uses(tmp_path, monkeypatch, extra):
     import torch.utils.cpp_extension as cpp_extension
     from torch.utils._cpp_extension_versioner import ExtensionVersioner
 
-    from torch_ctxext._ext import build as _build
+    from torch_ctxext._ext import compile as _compile
     from torch_ctxext._ext import sources as _sources
 
     for name in ("TORCH_CTXEXT_EXTRA_CFLAGS", "TORCH_CTXEXT_EXTRA_LDFLAGS", "MAX_JOBS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in extra.items():
         monkeypatch.setenv(name, value)
-    units = _sources.write_units(_sources.csrc_dir(), str(tmp_path / "units"), torch.__version__)
-    cflags = _sources.jit_cflags(torch.__version__, torch.version.git_version)
-    ldflags = _sources.extra_link_args()
+    target = _compile.target_of_running_torch(torch, sysconfig.get_path("include", scheme="posix_prefix"))
     ours, theirs = tmp_path / "ours", tmp_path / "load"
     ours.mkdir()
-    theirs.mkdir()  # as the build's private directory is
-    arguments = _build._write_ninja_file(str(ours), units, cflags, ldflags)
+    theirs.mkdir()
+    _compile.write_ninja(target, _sources.csrc_dir(), str(ours))
+    units = _sources.write_units(_sources.csrc_dir(), str(tmp_path / "units"), torch.__version__)
 
-    # load() as the fallback calls it, stopped short of running ninja and importing.
+    # load() with our own defines and flags, stopped short of running ninja and importing.
     ninja_runs, real_run = [], subprocess.run
 
     def run_ninja_or_the_compiler(command, *args, **kwargs):
@@ -79,86 +81,48 @@ def test_the_ninja_file_and_command_are_the_ones_load_uses(tmp_path, monkeypatch
     monkeypatch.setattr(cpp_extension, "JIT_EXTENSION_VERSIONER", ExtensionVersioner())  # a fresh process's
     monkeypatch.setattr(cpp_extension, "verify_ninja_availability", lambda: None)
     monkeypatch.setattr(cpp_extension, "_import_module_from_library", lambda *args: None)
+    ours_only = [f"-D{n}={v}" for n, v in _sources.define_macros(torch.__version__, torch.version.git_version)]
     cpp_extension.load(
-        name="_C", sources=units, extra_cflags=cflags, extra_ldflags=ldflags,
-        build_directory=str(theirs), verbose=True, is_python_module=True,
+        name="_C", sources=units, extra_cflags=[shlex.quote(f) for f in ours_only + _sources.extra_compile_args()],
+        extra_ldflags=_sources.extra_link_args(), build_directory=str(theirs), verbose=True, is_python_module=True,
     )
-    assert (ours / "build.ninja").read_text() == (theirs / "build.ninja").read_text()
-    assert ninja_runs == [["ninja"] + arguments]
+    mine, load = _ninja_variables(ours / "build.ninja"), _ninja_variables(theirs / "build.ninja")
+    assert sorted(mine["cflags"]) == sorted(load["cflags"])
+    assert mine["ldflags"] == load["ldflags"]
+    assert ninja_runs == [["ninja"] + _compile.ninja_arguments()]
     if extra:
-        assert "-DTORCH_CTXEXT_PROBE=1" in (ours / "build.ninja").read_text()
-        assert arguments == ["-v", "-j", "3"]
+        assert "-DTORCH_CTXEXT_PROBE=1" in mine["cflags"] and "-Wl,-z,now" in mine["ldflags"]
+        assert _compile.ninja_arguments() == ["-v", "-j", "3"]
 
 
-def test_helpers_that_want_an_argument_load_would_not_give_are_refused():
-    from torch_ctxext._ext import build as _build
+def test_the_facts_read_from_torch_s_files_are_the_ones_the_running_torch_reports():
+    """What the wheels compile with (tools/wheels.py reads a torch it does
+    not import) is what a build at import reads from the running torch:
+    version, git hash, C++ ABI, pybind11's ABI strings."""
+    from torch_ctxext._ext import compile as _compile
 
-    def changed_helper(path, name, sources, with_metal):
-        raise AssertionError("not to be called")
-
-    with pytest.raises(TypeError, match="changed_helper takes with_metal, which load"):
-        _build._call_by_name(changed_helper, {"path": "p", "name": "_C", "sources": []})
-    assert _build._call_by_name(lambda path, verbose=False: (path, verbose), {"path": "p", "sources": []}) == ("p", False)
+    include = sysconfig.get_path("include", scheme="posix_prefix")
+    running = _compile.target_of_running_torch(torch, include)
+    assert _compile.target_of_unpacked_torch(running.torch_dir, include) == running
+    assert running.cxx11_abi == bool(torch._C._GLIBCXX_USE_CXX11_ABI)
 
 
-@NEEDS_EXTENSION
-def test_without_the_helpers_the_build_runs_load_in_a_child_and_provides_the_members(tmp_path):
-    cache = tmp_path / "cache"
-    result = run(WITHOUT_HELPERS + FEATURES, timeout=600, TORCH_CTXEXT_CACHE=cache)
-    assert result.stderr.count(ANNOUNCE) == 1
-    assert set(unavailable(result).values()) == {"torch_ctxext"}, result.stderr
-    log = _log(cache)
-    assert FALLBACK in log
-    assert "torch_ctxext: the new build loads" in log
-    assert glob.glob(str(cache / "builds" / "torch-*" / "_C.so"))
-    later = run(FEATURES, TORCH_CTXEXT_CACHE=cache)  # the build the fallback made is the cache's
-    assert ANNOUNCE not in later.stderr
-    assert set(unavailable(later).values()) == {"torch_ctxext"}
+def test_a_libc10_this_cannot_read_is_said():
+    from torch_ctxext._ext import compile as _compile
 
-    # `build --force` in a process that loaded that build, from the path the
-    # new one takes: a new build that does not load is still seen not to
-    # (the loader must not answer with the loaded one), and the previous
-    # build is put back.
-    forced = run(BUILD_FORCE, TORCH_CTXEXT_CACHE=cache, CXX=_unloadable_compiler(tmp_path))
-    assert forced.returncode == 1, forced.stdout + forced.stderr
-    assert "the new build does not load:" in forced.stderr
-    assert "undefined symbol: torch_ctxext_nowhere" in forced.stderr
-    after = run(FEATURES, TORCH_CTXEXT_CACHE=cache)
-    assert ANNOUNCE not in after.stderr
-    assert set(unavailable(after).values()) == {"torch_ctxext"}
+    with pytest.raises(ValueError, match="exports no c10::detail::torchCheckFail"):
+        _compile.cxx11_abi(os.__file__)
 
 
 @NEEDS_EXTENSION
-def test_the_first_path_writes_the_ninja_file_itself(tmp_path):
+def test_a_compile_error_is_remembered(tmp_path):
     cache = tmp_path / "cache"
     result = run(FEATURES, TORCH_CTXEXT_CACHE=cache, CXX=failing(tmp_path))
-    unavailable(result)
-    log = _log(cache)
-    assert FALLBACK not in log
-    assert re.search(r"^\$ \S*ninja -v", log, re.M), log
-
-
-@NEEDS_EXTENSION
-@PATHS
-def test_a_compile_error_is_remembered_either_way(tmp_path, helpers):
-    cache = tmp_path / "cache"
-    result = run(_prefix(helpers) + FEATURES, TORCH_CTXEXT_CACHE=cache, CXX=failing(tmp_path))
     reason = next(iter(unavailable(result).values()))
     assert "failing-c++: error: this compiler always fails" in reason
     assert "This is a compile error: it is recorded" in reason
     assert len(glob.glob(str(cache / "builds" / "*.failed"))) == 1
-    assert (FALLBACK in _log(cache)) == (helpers == "load() in a child")
-
-
-@NEEDS_EXTENSION
-@PATHS
-def test_a_killed_build_is_not_remembered_either_way(tmp_path, helpers):
-    cache = tmp_path / "cache"
-    result = run(_prefix(helpers) + FEATURES, TORCH_CTXEXT_CACHE=cache, TEST_PROCESS=os.getpid(),
-                 CXX=compiler(tmp_path, "build-killing-c++", KILL_THE_BUILD))
-    reason = next(iter(unavailable(result).values()))
-    assert "This failure may not recur (the build was killed by SIGKILL), so it is not recorded" in reason
-    assert not glob.glob(str(cache / "builds" / "*.failed"))
+    assert re.search(r"^\$ \S*ninja -v", _log(cache), re.M)
 
 
 # A compiler that compiles nothing (an empty object and its dependency file,
@@ -220,23 +184,26 @@ def test_progress_names_each_compiled_source_even_under_a_path_with_a_space(tmp_
     """ninja quotes a path with a space in the commands it prints; the
     progress line still names the source each step compiled."""
     from torch_ctxext._ext import build as _build
+    from torch_ctxext._ext import build_child as _child
+    from torch_ctxext._ext import compile as _compile
     from torch_ctxext._ext import sources as _sources
 
     partial = tmp_path / "a cache with spaces" / "build.partial-x"
     partial.mkdir(parents=True)
-    units = _sources.write_units(_sources.csrc_dir(), str(partial), torch.__version__)
-    flags = _sources.jit_cflags(torch.__version__, torch.version.git_version)
-    arguments = _build._write_ninja_file(str(partial), units, flags, _sources.extra_link_args())
-    dry_run = subprocess.run([_build._find_ninja(), "-n", *arguments], cwd=partial, capture_output=True, text=True)
+    target = _compile.target_of_running_torch(torch, sysconfig.get_path("include", scheme="posix_prefix"))
+    _compile.write_ninja(target, _sources.csrc_dir(), str(partial))
+    units = _sources.units(_sources.csrc_dir(), torch.__version__)
+    dry_run = subprocess.run([_child.find_ninja(), "-n", *_compile.ninja_arguments()], cwd=partial,
+                             capture_output=True, text=True)
     assert dry_run.returncode == 0, dry_run.stdout + dry_run.stderr
     progress = _build._Progress()
     progress.tty = False
     with contextlib.redirect_stderr(io.StringIO()) as said:
-        for step in filter(None, map(_build._STEP.match, dry_run.stdout.splitlines())):
-            progress.step(int(step.group(1)), int(step.group(2)), step.group(3))
+        for step in filter(None, map(_child._STEP.match, dry_run.stdout.splitlines())):
+            progress.step(int(step.group(1)), int(step.group(2)), _child._describe(step.group(3)))
     total = len(units) + 1
     shown = said.getvalue().splitlines()
     assert [line.split("] ", 1)[0] for line in shown] == [f"torch_ctxext: [{i}/{total}" for i in range(1, total + 1)]
     what = [line.split("] ", 1)[1] for line in shown]
-    assert sorted(what[:-1]) == sorted(f"compiled {os.path.basename(u)}" for u in units)
+    assert sorted(what[:-1]) == sorted(f"compiled {name}.cpp" for name, _ in units)
     assert what[-1] == "linked _C.so"

@@ -97,6 +97,28 @@ BOUNDARIES = (
              "at::isAccelerator is the only spelling (at::accelerator::isAccelerator from 2.7)"),
 )
 
+# How torch.utils.cpp_extension compiles an extension on each release, which
+# torch_ctxext's own ninja file (_ext/compile.py) repeats without importing
+# it (test/test_compile_flags.py compares the two on the running torch):
+# the C++ standard, and the ABI defines it passes (the C++ ABI of the
+# standard library, pybind11's ABI strings, both read from torch._C).
+CPP_EXTENSION = {
+    "cxx20_from": (2, 12),            # -std=c++17 before
+    "glibcxx_abi_flag_until": (2, 7),  # -D_GLIBCXX_USE_CXX11_ABI=torch._C._GLIBCXX_USE_CXX11_ABI
+    "pybind11_abi_flags_until": (2, 8),  # -DPYBIND11_{COMPILER_TYPE,STDLIB,BUILD_ABI} from torch._C
+}
+
+
+def cpp_extension_rules(version):
+    """{"std": "c++17"|"c++20", "glibcxx_abi_flag": bool, "pybind11_abi_flags": bool}:
+    what torch.utils.cpp_extension of torch ``version`` passes to the compiler."""
+    current = release(version)
+    return {
+        "std": "c++20" if current >= CPP_EXTENSION["cxx20_from"] else "c++17",
+        "glibcxx_abi_flag": current <= CPP_EXTENSION["glibcxx_abi_flag_until"],
+        "pybind11_abi_flags": current <= CPP_EXTENSION["pybind11_abi_flags_until"],
+    }
+
 
 def release(version):
     """(major, minor) of a torch version string: '2.13.0+cpu' -> (2, 13)."""

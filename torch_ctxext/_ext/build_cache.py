@@ -82,7 +82,13 @@ def fingerprint(csrc):
     for path in own:
         with open(path, "rb") as f:
             digest.update(b"source\0%s\0%s" % (os.path.basename(path).encode(), f.read()))
-    flags = sources.jit_cflags(torch.__version__, torch.version.git_version) + sources.extra_link_args()
+    # Every flag of the build (compile: cpp_extension's and ours), with the
+    # places torch and Python's headers are at left out: environments with
+    # the same torch share one build wherever each is installed.
+    from . import compile
+
+    target = compile.target_of_running_torch(torch, "<python>")._replace(torch_dir="<torch>")
+    flags = compile.cflags(target) + compile.ldflags(target)
     # How the sources are put together (sources.UNITS): what each translation unit includes.
     units = [[name, [os.path.basename(m) for m in members]] for name, members in sources.units(csrc, torch.__version__)]
     digest.update(json.dumps([flags, units, sys.implementation.cache_tag, platform.machine()]).encode())

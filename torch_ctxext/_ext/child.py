@@ -244,9 +244,9 @@ def run(argv, *, env=None, cwd=None, input=None, timeout=None, on_line=None,
         in_write = None
         output = _wait(out_read, timeout, on_line)
         status = _read_int(status_read)
-        _reap(intermediate)
-        if status is None:
-            raise ChildNotStarted(errno.ECHILD, f"{argv[0]!r}: its status was lost")
+        _, ended = _reap(intermediate)
+        if status is None:  # the intermediate was killed: the command dies with it (PDEATHSIG), or was killed too
+            return Finished(None, os.WTERMSIG(ended) if os.WIFSIGNALED(ended) else signal.SIGKILL, output)
         return _finished(status, output)
     except BaseException as e:
         if command is not None:

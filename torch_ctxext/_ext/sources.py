@@ -27,7 +27,6 @@ the standard library and ``_releases`` (loaded by path there too).
 import glob
 import importlib.util
 import os
-import shlex
 
 # The torch_ctxext package (this file is in its _ext/ layer).
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -178,10 +177,3 @@ def extra_compile_args():
 def extra_link_args():
     """Linker flags beyond torch's own ($TORCH_CTXEXT_EXTRA_LDFLAGS)."""
     return os.environ.get("TORCH_CTXEXT_EXTRA_LDFLAGS", "").split()
-
-
-def jit_cflags(torch_version, torch_git_version):
-    """The same flags as setup.py's, for torch.utils.cpp_extension.load: its
-    ninja file passes extra_cflags to the shell unquoted, so quote them here."""
-    flags = [f"-D{name}={value}" for name, value in define_macros(torch_version, torch_git_version)]
-    return [shlex.quote(flag) for flag in flags + extra_compile_args()]

@@ -1,0 +1,560 @@
+"""The build at first import, in a process of its own.
+
+``build.build`` (in the importing process) starts this file as a child
+(``child.run``: unseen by the importer's SIGCHLD), hands it a spec on stdin
+and reads its answer: everything a build does happens here, nothing in the
+importer. This process:
+
+* leads a session of its own, dies with the importer (PR_SET_PDEATHSIG),
+  adopts the build's orphans (PR_SET_CHILD_SUBREAPER), and when it is told
+  to stop (the importer died or was interrupted) ends ninja and every
+  compiler and removes the build's private directory;
+* takes the build's lock (``build_lock``: the ranks of a job build once),
+  or reports the compile error recorded by an earlier build;
+* writes the ninja file (``compile``: cpp_extension's flags for the
+  release, without importing cpp_extension) and runs ninja, the output to
+  the build log, each step reported to the importer as it finishes;
+* meanwhile imports torch (on a thread: it overlaps the compile), which
+  the two checks after it need: the new library is loaded (dlopen) to see
+  that it loads, then published (its record written last); then its
+  layout verified (``layout_verdict``: a probe in a child process of its
+  own) and the verdict kept beside it.
+
+What it says, on stdout, one JSON object a line: {"say": text},
+{"progress": [done, total, what]}, and last {"built": {...}} or
+{"failed": {...}}. Nothing else goes to stdout: ninja's and the
+compiler's output goes to the log.
+
+Loaded by its path, the standard library only at the top (torch is
+imported from the importer's own sys.path, handed over in the spec).
+"""
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"_torch_ctxext_build_{name}", os.path.join(_HERE, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+LIBRARY, RECORD = "_C.so", "build.json"
+REBUILD = "python -m torch_ctxext build --force"
+_STEP = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
+# A compiler's line that says it did not fail on the code: it was killed (the
+# kernel's out-of-memory killer: "Killed signal terminated program cc1plus"),
+# crashed, or ran out of memory or disk. Such a failure may not recur.
+_NOT_THE_CODE = re.compile(
+    r"Killed signal|terminated program|internal compiler error|out of memory|"
+    r"memory exhausted|Cannot allocate memory|No space left on device|Segmentation fault",
+    re.I,
+)
+
+
+def tell(**message):
+    """One line of the answer to the importer."""
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def say(text):
+    tell(say=text)
+
+
+class Failed(Exception):
+    """The build failed: ``what`` went wrong, ``log`` says more, ``remembered``
+    (a compile error, recorded for later imports), ``note`` (what happens next)."""
+
+    def __init__(self, what, log, remembered=False, note="", timeout=None):
+        super().__init__(what)
+        self.what, self.log, self.remembered, self.note, self.timeout = what, log, remembered, note, timeout
+
+
+# --------------------------------------------------------------------------
+# Ending the build when told to (the importer died or was interrupted)
+# --------------------------------------------------------------------------
+
+ninja_process = None
+partial_dir = None
+
+
+def _children():
+    mine, found = str(os.getpid()).encode(), []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % entry, "rb") as f:
+                data = f.read()
+            if data[data.rindex(b")") + 2:].split()[1] == mine:
+                found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+
+def _end(signum, frame):
+    """SIGTERM, SIGINT, SIGHUP: ninja ends its compiles, whatever is left of
+    the build (re-parented here) is killed and reaped, the private directory
+    removed; then exit, killed by that signal."""
+    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if ninja_process is not None and ninja_process.poll() is None:
+        ninja_process.terminate()
+        try:
+            ninja_process.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+    for _ in range(100):
+        left = [pid for pid in _children()]
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in left:
+            try:
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    if partial_dir is not None:
+        shutil.rmtree(partial_dir, ignore_errors=True)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)
+
+
+def _parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _become_the_supervisor(importer):
+    """Ignore nothing the build needs; end with the importer; adopt orphans.
+    Our parent is child.run's intermediate, which dies with the importer;
+    we die with it."""
+    intermediate = os.getppid()
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:  # inherited: ninja could not wait for its compiles
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        libc.prctl(36, 1)                   # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+        signal.signal(getattr(signal, name), _end)
+    if os.getppid() != intermediate or _parent_of(intermediate) != importer:  # gone already
+        _end(signal.SIGTERM, None)
+
+
+# --------------------------------------------------------------------------
+# What a build needs
+# --------------------------------------------------------------------------
+
+
+def compiler():
+    command = shlex.split(os.environ.get("CXX", "c++")) or ["c++"]
+    return command[0]
+
+
+def find_ninja():
+    """ninja on PATH, beside this interpreter (a venv that is not activated),
+    or the ninja wheel's own."""
+    import sysconfig
+
+    dirs = [os.path.dirname(sys.executable), sysconfig.get_path("scripts")]
+    try:
+        import ninja
+
+        dirs.append(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    return shutil.which("ninja") or shutil.which("ninja", path=os.pathsep.join(d for d in dirs if d))
+
+
+def missing_tools(target):
+    """What a build needs and this machine lacks, one sentence each."""
+    problems = []
+    if shutil.which(compiler()) is None:
+        problems.append(
+            f"no C++ compiler: `{compiler()}` (from $CXX, default c++) is not on PATH; "
+            "install one (e.g. `apt install g++`, `dnf install gcc-c++`, "
+            "`conda install gxx`) or point $CXX at it"
+        )
+    python_h = os.path.join(target.python_include, "Python.h")
+    if not os.path.isfile(python_h):
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        problems.append(
+            f"no Python headers: {python_h} does not exist; install them "
+            f"(e.g. `apt install python{version}-dev`, `dnf install python{version}-devel`)"
+        )
+    torch_h = os.path.join(target.torch_dir, "include", "torch", "extension.h")
+    if not os.path.isfile(torch_h):
+        problems.append(f"no torch C++ headers: {torch_h} does not exist (a torch without its include/ directory)")
+    if find_ninja() is None:
+        problems.append("no ninja: install it with `pip install ninja`")
+    return problems
+
+
+# --------------------------------------------------------------------------
+# The log and what it says went wrong
+# --------------------------------------------------------------------------
+
+
+def first_error(log):
+    """The line of the log that says what went wrong."""
+    try:
+        with open(log, errors="replace") as f:
+            lines = [line.rstrip() for line in f]
+    except OSError:
+        return "see the log"
+    for line in lines:
+        if re.search(r"\b(fatal error|error):", line) and not line.startswith("ninja: "):
+            return line.strip()
+    tail = [line.strip() for line in lines if line.strip()]
+    return tail[-1] if tail else "the build stopped without output"
+
+
+def compile_failure(code, log):
+    """The Failed for a ninja that exited with ``code``. Only a deterministic
+    compile error (an error status, and the compiler said ``error:`` about
+    the code) is remembered: anything else (killed by a signal, for memory,
+    the disk full, no diagnostic) may not recur."""
+    first = first_error(log)
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = f"the build was killed by {name}"
+    elif _NOT_THE_CODE.search(first):
+        why = "the compiler was killed or ran out of resources, not stopped by an error in the code"
+    elif code > 0 and re.search(r"\b(fatal error|error):", first):
+        return Failed(first, log, remembered=True, note=(
+            "This is a compile error: it is recorded, and later imports report it "
+            f"without compiling until `{REBUILD}`."
+        ))
+    else:
+        why = "the build stopped without a compile error"
+    return Failed(first, log, note=f"This failure may not recur ({why}), so it is not recorded: the next import builds again.")
+
+
+def write_log_header(log, spec, target, ninja):
+    with open(log, "w") as f:
+        f.write(
+            f"torch_ctxext build {spec['key']}\n"
+            f"started  {build_lock._now()}\n"
+            f"reason   {spec['reason']}\n"
+            f"torch    {target.torch_version} (git {target.git_version}) {target.torch_dir}\n"
+            f"python   {sys.executable} {sys.version.split()[0]}\n"
+            f"compiler {os.environ.get('CXX', 'c++')} -> {shutil.which(compiler())}\n"
+            f"ninja    {ninja}\n"
+            f"sources  {spec['csrc']}: "
+            f"{' '.join(os.path.basename(s) for s in compile.sources.sources(spec['csrc'], target.torch_version))}\n\n"
+        )
+
+
+# --------------------------------------------------------------------------
+# The build
+# --------------------------------------------------------------------------
+
+
+def _describe(command):
+    """What a ninja step did: "compiled <source>" or "linked _C.so"."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # an unbalanced quote: not a command we wrote
+        words = command.split()
+    for flag, argument in zip(words, words[1:]):
+        if flag == "-c":
+            return f"compiled {os.path.basename(argument)}"
+    return f"linked {LIBRARY}"
+
+
+def run_ninja(partial, target, log):
+    """Compile into ``partial``; raise Failed."""
+    global ninja_process
+    ninja = find_ninja()
+    compile.write_ninja(target, spec["csrc"], partial, compiler=os.environ.get("CXX", "c++"))
+    command = [ninja or "ninja"] + compile.ninja_arguments()
+    env = dict(os.environ)
+    if ninja:
+        env["PATH"] = os.path.dirname(ninja) + os.pathsep + env.get("PATH", "")
+    env.pop("NINJA_STATUS", None)  # its default "[finished/total] " is what we parse
+    with open(log, "a") as out:
+        out.write("$ " + shlex.join(command) + "\n\n")
+        out.flush()
+        ninja_process = subprocess.Popen(
+            command, cwd=partial, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+        )
+        for line in ninja_process.stdout:
+            out.write(line)
+            out.flush()
+            step = _STEP.match(line)
+            if step:
+                tell(progress=[int(step.group(1)), int(step.group(2)), _describe(step.group(3))])
+        code = ninja_process.wait()
+    if code != 0 or not os.path.isfile(os.path.join(partial, LIBRARY)):
+        raise compile_failure(code, log)
+
+
+def import_torch(path, torch_file, result):
+    """Import the importer's torch (on a thread, while ninja compiles)."""
+    try:
+        sys.path[:] = path
+        import torch
+
+        if os.path.abspath(torch.__file__) != os.path.abspath(torch_file):
+            raise ImportError(f"this process imported torch from {torch.__file__}, the importer from {torch_file}")
+        result["torch"] = torch
+    except BaseException as e:  # said where it is needed
+        result["error"] = f"{type(e).__name__}: {e}"
+
+
+def load_problem(library):
+    """None if ``library`` loads with every symbol resolved (torch is
+    imported here); else what the loader said. Opened, not imported: its
+    module initialisation claims engine hooks."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(library, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as e:
+        return str(e)
+    return None
+
+
+def publish(partial, final, record, log, torch_ready):
+    """Make the build in ``partial`` visible as ``final``: renamed there,
+    loaded to see that it loads, then its record written (which publishes
+    it). One that does not load is removed (a previous one put back), and
+    its failure, which may not recur, raised."""
+    for name in os.listdir(partial):  # keep the library and the ninja file
+        if name not in (LIBRARY, "build.ninja"):
+            path = os.path.join(partial, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    os.chmod(partial, 0o755)  # mkdtemp's 0700 would hide it from a shared cache's other users
+    old = None
+    if os.path.isdir(final):  # --force over an existing build, or the remains of one killed before its record
+        old = tempfile.mkdtemp(prefix=os.path.basename(final) + ".old-", dir=os.path.dirname(final))
+        os.rename(final, os.path.join(old, "build"))
+    os.rename(partial, final)
+    problem = (torch_ready.get("error") and f"torch could not be imported to load it ({torch_ready['error']})") \
+        or load_problem(os.path.join(final, LIBRARY))
+    with open(log, "a") as f:
+        f.write(f"error: the new build does not load: {problem}\n" if problem else "torch_ctxext: the new build loads\n")
+    if problem:
+        shutil.rmtree(final, ignore_errors=True)
+        if old:
+            os.rename(os.path.join(old, "build"), final)
+    else:
+        with open(os.path.join(final, RECORD + ".tmp"), "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+        os.replace(os.path.join(final, RECORD + ".tmp"), os.path.join(final, RECORD))
+    if old:  # processes that loaded it keep their mapping
+        shutil.rmtree(old, ignore_errors=True)
+    if problem:
+        raise Failed(f"the new build does not load: {problem}", log,
+                     note="This failure may not recur, so it is not recorded: the next import builds again.")
+
+
+def verify_layout(library, log):
+    """The new build's layout verified against this torch now, in a probe
+    process, and the verdict kept beside it; one that cannot be made here
+    is made by the next import."""
+    layout_verdict = _load("layout_verdict")
+    try:
+        record = layout_verdict.verify(library)
+        layout_verdict.write(layout_verdict.beside(library), record)
+        note = f"layout verified in {record['seconds']} s: " + (
+            "everything reads back as the headers say" if not record["found"] else json.dumps(record["found"])
+        )
+    except (layout_verdict.ProbeNotRun, OSError) as e:
+        note = f"layout not verified ({e}); the next import verifies it"
+    with open(log, "a") as f:
+        f.write(f"torch_ctxext: {note}\n")
+
+
+def recorded_failure(failed):
+    """The compile error recorded at ``failed``, or None; a record that cannot
+    be read as one is no record (removed: the build runs again)."""
+    try:
+        with open(failed) as f:
+            recorded = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        recorded = None
+    if isinstance(recorded, dict) and all(isinstance(recorded.get(k), str) for k in ("message", "when")):
+        return recorded
+    try:
+        os.remove(failed)
+    except OSError:
+        pass
+    return None
+
+
+def record_failure(failed, error):
+    """Record a compile error for later imports; return the Failed to report.
+    If it cannot be written (a full disk), that one says so, not remembered."""
+    try:
+        with open(failed + ".tmp", "w") as f:
+            json.dump({"message": f"{error.what}. {error.note}", "what": error.what, "when": build_lock._now(),
+                       "log": error.log}, f)
+        os.replace(failed + ".tmp", failed)
+        return error
+    except OSError as e:
+        try:
+            os.remove(failed + ".tmp")
+        except OSError:
+            pass
+        return Failed(error.what, error.log, note=(
+            f"It could not be recorded ({e.strerror}), so the next import compiles again."
+        ))
+
+
+def check_can_build(target):
+    """Return the log path; raise Failed naming what is missing."""
+    root, key = spec["root"], spec["key"]
+    ninja = find_ninja()
+    try:
+        os.makedirs(root, exist_ok=True)
+        open(os.path.join(root, key + ".lock"), "a").close()
+    except OSError as e:
+        log = os.path.join(tempfile.gettempdir(), f"torch_ctxext-{key}.log")
+        write_log_header(log, spec, target, ninja)
+        raise Failed(f"cannot write to the build cache {root} ({e.strerror}); set "
+                     f"{spec['env_cache']} to a writable directory", log) from None
+    log = os.path.join(root, key + ".log")
+    problems = missing_tools(target)
+    if problems:
+        write_log_header(log, spec, target, ninja)
+        with open(log, "a") as f:
+            f.write("not built:\n" + "".join(f"  {p}\n" for p in problems))
+        raise Failed("; ".join(problems), log)
+    return log
+
+
+def build(target):
+    """{"library", "built"}: the published build, made now unless another
+    process made it while this one waited for the lock."""
+    global partial_dir
+    root, key = spec["root"], spec["key"]
+    final = os.path.join(root, key)
+    library = os.path.join(final, LIBRARY)
+    log = check_can_build(target)
+    lock = os.path.join(root, key + ".lock")
+    failed = os.path.join(root, key + ".failed")
+    timeout = spec["timeout"]
+
+    def waiting(holder):
+        say(f"waiting for another process that is building the extension for torch {target.torch_version}: "
+            f"{holder} (lock {lock}); at most {timeout:.0f} s (${spec['env_timeout']})")
+
+    try:
+        with build_lock._locked(lock, waiting, timeout, say=say):
+            published = os.path.isfile(library) and os.path.isfile(os.path.join(final, RECORD))
+            if published and not spec["force"]:
+                return {"library": library, "built": False}  # built by the process we waited for
+            recorded = None if spec["force"] else recorded_failure(failed)
+            if recorded is not None:
+                raise Failed(recorded.get("what") or recorded["message"], recorded.get("log", log), remembered=True, note=(
+                    f"This is a compile error recorded at {recorded['when']}: later imports report it "
+                    f"without compiling until `{REBUILD}`."
+                ))
+            for stale in os.listdir(root):  # remains of builds killed half-way
+                if stale.startswith((key + ".partial-", key + ".old-")):
+                    shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
+            write_log_header(log, spec, target, find_ninja())
+            say(
+                f"building its C++ extension for torch {target.torch_version} "
+                f"(git {target.git_version[:12]}): {spec['reason']}. "
+                f"About 20 s on 2 cores, once; later imports load it from {root}. Log: {log}"
+            )
+            torch_ready = {}
+            importer = threading.Thread(target=import_torch, args=(spec["path"], spec["torch_file"], torch_ready),
+                                        daemon=True)
+            importer.start()
+            partial_dir = tempfile.mkdtemp(prefix=key + ".partial-", dir=root)
+            start = time.monotonic()
+            try:
+                run_ninja(partial_dir, target, log)
+            except BaseException as e:
+                shutil.rmtree(partial_dir, ignore_errors=True)
+                partial_dir = None
+                if isinstance(e, Failed) and e.remembered:  # for the waiting and the later
+                    raise record_failure(failed, e) from None
+                raise
+            seconds = time.monotonic() - start
+            importer.join()
+            publish(partial_dir, final, dict(spec["record"], built_at=build_lock._now(), seconds=round(seconds, 1),
+                                             log=log), log, torch_ready)
+            partial_dir = None
+            try:
+                os.remove(failed)
+            except FileNotFoundError:
+                pass
+            say(f"built in {seconds:.0f} s: {library}")
+            verify_layout(library, log)
+            return {"library": library, "built": True}
+    except build_lock._LockTimeout as e:
+        raise Failed(
+            f"it waited {e.timeout:.0f} s (${spec['env_timeout']}) for the build of {e.holder} "
+            f"(lock {lock}, its log {log}) and gave up", log, timeout=e.timeout,
+            note=("This is not recorded: the next import loads that build if it is done, or waits again; "
+                  f"set {spec['env_timeout']} to wait longer."),
+        ) from None
+
+
+def main():
+    global spec, build_lock, compile
+    spec = json.loads(sys.stdin.read())
+    _become_the_supervisor(spec["parent"])
+    build_lock = _load("build_lock")
+    compile = _load("compile")
+    target = compile.Target(**dict(spec["target"], python_include=_python_include()))
+    try:
+        tell(built=build(target))
+    except Failed as e:
+        tell(failed={"what": e.what, "log": e.log, "remembered": e.remembered, "note": e.note, "timeout": e.timeout})
+    except OSError as e:  # a full disk, a cache that vanished: may not recur
+        tell(failed={"what": f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else ""),
+                     "log": os.path.join(spec["root"], spec["key"] + ".log"), "remembered": False,
+                     "note": "This failure may not recur, so it is not recorded: the next import builds again.",
+                     "timeout": None})
+    sys.stdout.flush()
+    os._exit(0)  # not waiting for the torch import thread, nor torch's shutdown
+
+
+def _python_include():
+    import sysconfig
+
+    return sysconfig.get_path("include", scheme="posix_prefix")
+
+
+spec = build_lock = compile = None
+if __name__ == "__main__":
+    main()
