@@ -1,0 +1,160 @@
+"""The first import, the one that builds, leaves the process as ``import torch`` does.
+
+A first import (an empty build cache: a source install, the first job after a
+torch upgrade) builds the extension. Everything of the build happens in a
+child process (torch_ctxext/_ext/build_child.py); the importer only starts it
+and reads its answer. So, compared with the same process before the import:
+
+* the same threads and no child left; every signal's disposition unchanged;
+  ``sys.path``, ``sys.meta_path``, the loggers, ``sys.stdout`` and
+  ``sys.stderr`` the same objects; no ``torch.utils.cpp_extension``,
+  setuptools or distutils imported;
+* what the importer's other threads print while it builds reaches its
+  stdout, none of it the build log;
+* no ResourceWarning;
+* an importer whose SIGCHLD is ignored, or handled by a handler that reaps
+  every child, builds as any other (the handler never runs for the build's
+  processes), and every status is read right: a build killed by a signal
+  is said so, not "status 0".
+
+Each case runs a fresh interpreter with a build cache of its own; each
+builds (20 s or more on 2 cores).
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from test_build_lock import NEEDS_EXTENSION, compiler
+
+STATE = r"""
+import logging, os, signal, sys, threading
+def parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError):
+        return None
+def state():
+    return {
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "os threads": len(os.listdir("/proc/self/task")),
+        "children": sorted(int(e) for e in os.listdir("/proc") if e.isdigit() and parent_of(e) == os.getpid()),
+        "signals": {s.name: repr(signal.getsignal(s)) for s in signal.Signals
+                    if s not in (signal.SIGKILL, signal.SIGSTOP)},
+        "sys.path": list(sys.path),
+        "sys.meta_path": [repr(f) for f in sys.meta_path],
+        "loggers": sorted(logging.Logger.manager.loggerDict),
+        "stdout": id(sys.stdout), "stderr": id(sys.stderr),
+        "build modules": sorted(m for m in sys.modules if m.split(".")[0] in ("setuptools", "distutils")
+                                or m.startswith("torch.utils.cpp_extension")),
+    }
+"""
+
+
+def first_import(tmp_path, code, env=None, prelude=""):
+    """``code`` in a fresh interpreter whose build cache is empty: its stdout
+    and stderr (the interpreter exits non-zero if ``code`` raises)."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
+    environment.update(TORCH_CTXEXT_CACHE=str(tmp_path / "cache"), **(env or {}))
+    completed = subprocess.run(
+        [sys.executable, "-W", "always::ResourceWarning", "-X", "tracemalloc=5", "-c",
+         STATE + textwrap.dedent(prelude) + textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=environment,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed
+
+
+def _answer(completed):
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@NEEDS_EXTENSION
+def test_a_building_first_import_leaves_the_process_as_it_found_it(tmp_path):
+    completed = first_import(tmp_path, """
+        import json, time
+        import torch
+        printed = []
+        def chatter(stop):
+            while not stop.is_set():
+                print("chatter", len(printed), flush=True)
+                printed.append(1)
+                time.sleep(0.05)
+        stop = threading.Event()
+        thread = threading.Thread(target=chatter, args=(stop,), name="chatter")
+        thread.start()
+        time.sleep(0.2)
+        before = state()
+        import torch_ctxext
+        after = state()
+        stop.set()
+        thread.join()
+        print(json.dumps({"before": before, "after": after, "printed": len(printed),
+                          "features": torch_ctxext.features()}))
+    """)
+    answer = _answer(completed)
+    assert "building its C++ extension" in completed.stderr  # this import built
+    assert set(v for k, v in answer["features"].items() if k in ("input_grad_buffers", "set_output_grad_dtype")) == {"torch_ctxext"}
+    before, after = answer["before"], answer["after"]
+    for what in before:
+        assert after[what] == before[what], what
+    assert before["build modules"] == []
+    # What the other thread printed while the import built reached stdout, all of it.
+    chatter = [line for line in completed.stdout.splitlines() if line.startswith("chatter ")]
+    assert len(chatter) == answer["printed"] > 20
+    (log,) = (tmp_path / "cache" / "builds").glob("*.log")
+    assert "chatter" not in log.read_text()
+    assert "ResourceWarning" not in completed.stderr
+
+
+REAPER = """
+import signal, os
+handled = []
+def reap(signum, frame):
+    handled.append(signum)
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+"""
+SIGCHLD = {
+    "ignored": "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\nhandled = []\n",
+    "reaped by a handler": REAPER + "signal.signal(signal.SIGCHLD, reap)\n",
+}
+
+
+@NEEDS_EXTENSION
+@pytest.mark.parametrize("sigchld", list(SIGCHLD))
+def test_an_importer_whose_sigchld_is_not_the_default_builds_and_never_sees_the_build(tmp_path, sigchld):
+    completed = first_import(tmp_path, """
+        import json, torch, torch_ctxext
+        print(json.dumps({"features": torch_ctxext.features(), "handled": handled,
+                          "disposition": repr(signal.getsignal(signal.SIGCHLD))}))
+    """, prelude=SIGCHLD[sigchld])
+    answer = _answer(completed)
+    assert "built in" in completed.stderr
+    assert set(v for k, v in answer["features"].items() if k in ("input_grad_buffers", "set_output_grad_dtype")) == {"torch_ctxext"}
+    assert answer["handled"] == []
+
+
+@NEEDS_EXTENSION
+@pytest.mark.parametrize("sigchld", list(SIGCHLD))
+def test_under_such_an_importer_a_killed_build_is_said_killed(tmp_path, sigchld):
+    """Every status is read right: ninja killed by SIGKILL reads as that,
+    not as a build that exited with 0."""
+    killer = compiler(tmp_path, "ninja-killing-c++",
+                      "p=$$; while [ \"$p\" -gt 1 ]; do if [ \"$(cat /proc/$p/comm)\" = ninja ]; then kill -9 $p; break; fi; "
+                      "p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2); done; exit 1")
+    completed = first_import(tmp_path, """
+        import json, torch, torch_ctxext
+        print(json.dumps({"features": torch_ctxext.features(), "handled": handled}))
+    """, env={"CXX": str(killer)}, prelude=SIGCHLD[sigchld])
+    answer = _answer(completed)
+    reason = answer["features"]["input_grad_buffers"]
+    assert "the build was killed by SIGKILL" in reason, reason
+    assert answer["handled"] == []
