@@ -242,3 +242,29 @@ def test_the_import_makes_no_call_into_the_cuda_runtime(cuda_interposer, tmp_pat
     import_torch = _cuda_calls(cuda_interposer, tmp_path, "import torch")
     assert import_torch == []
     assert _cuda_calls(cuda_interposer, tmp_path, "import torch\nimport torch_ctxext") == import_torch
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="a CPU build of torch has no CUDA runtime to call")
+def test_a_first_import_that_builds_makes_no_call_into_cuda_with_a_cuda_toolkit_visible(cuda_interposer, tmp_path):
+    """The build runs in a process of its own, which never imports
+    torch.utils.cpp_extension: that module asks torch.cuda.is_available()
+    when it finds a CUDA toolkit ($CUDA_HOME here), which calls into CUDA."""
+    toolkit = tmp_path / "cuda"
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "bin" / "nvcc").write_text("#!/bin/sh\nexit 1\n")
+    (toolkit / "bin" / "nvcc").chmod(0o755)
+    env = {"LD_PRELOAD": str(cuda_interposer), "CUDA_CALLS_LOG": str(tmp_path / "calls.log"),
+           "CUDA_HOME": str(toolkit), "TORCH_CTXEXT_CACHE": str(tmp_path / "cache")}
+
+    def calls(code):
+        (tmp_path / "calls.log").unlink(missing_ok=True)
+        out = run(f"print(os.getpid())\n{code}", env=env)
+        lines = (tmp_path / "calls.log").read_text().splitlines() if (tmp_path / "calls.log").exists() else []
+        return [line.split()[1] for line in lines if line.split()[0] == out[0]], out
+
+    # The control: cpp_extension in the importer, with that toolkit visible, calls into CUDA.
+    assert calls("import torch.utils.cpp_extension")[0] != []
+    made, out = calls("import torch, torch_ctxext\nprint(torch_ctxext.features()['input_grad_buffers'])")
+    assert out[-1] == "torch_ctxext"
+    assert list((tmp_path / "cache" / "builds").glob("*/_C.so")), "this import built the extension"
+    assert made == []
