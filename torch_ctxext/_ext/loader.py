@@ -4,13 +4,21 @@ The extension reads autograd-engine structures by the layout of the headers it
 was compiled with. Loaded into any other torch build it would read garbage, so
 :func:`load` takes, in this order:
 
-1. the build installed with the package (``pip install`` compiled it where
-   torch was importable: ``_C`` beside ``_build_info.py``, which records the
-   torch it was built for), if that is the running torch;
-2. the build for the running torch in the cache (``build``);
-3. a new build in the cache, compiled now (first import after an install from
+1. a binary installed with the package: one of the binary wheel's
+   (``_binaries/manifest.json``, ``tools/wheels.py``) made for this torch
+   version, git hash, C++ ABI and CPython (its digest checked first), or
+   the one ``pip install --no-build-isolation`` compiled (``_C`` beside
+   ``_build_info.py``), if that is the running torch; nothing is compiled;
+2. a packaged binary for the same release and CPython from another build of
+   it (a source or vendor build of torch: the git hash or the local version
+   differs), if the layout verdict for it against this torch (a probe in a
+   child process, kept in the cache) finds nothing amiss;
+3. the build for the running torch in the cache (``build``);
+4. a new build in the cache, compiled now (first import after an install from
    source or a torch upgrade), unless ``TORCH_CTXEXT_JIT=0``: then the
-   ImportError says how to get one.
+   ImportError names what was looked for and what was found.
+
+:data:`choice` says which, and why (``python -m torch_ctxext info``).
 
 The record is checked before the shared library is loaded, and the library
 repeats the check with the values compiled into it. Then
@@ -21,7 +29,9 @@ child process (``layout_verdict``), read from beside the build.
 import collections
 import contextlib
 import functools
+import hashlib
 import importlib.util
+import json
 import os
 import sys
 
@@ -86,11 +96,13 @@ def _another_copy(first, ours):
     )
 
 
-def _not_built():
+def _not_built(looked=None):
     return ImportError(
         "torch_ctxext's C++ extension has not been built for torch "
         f"{torch.__version__} (git {torch.version.git_version[:12]}), and "
-        f"{build.ENV_JIT}=0 forbids building it at import. Build it ahead of time "
+        f"{build.ENV_JIT}=0 forbids building it at import. Looked for "
+        f"{looked or 'a packaged binary'}, then a build in the cache {build_cache.root()}: none. "
+        f"Install the binary wheel for this CPython (pip install torch_ctxext), build it ahead of time "
         f"with `{BUILD_AHEAD}` (into {build_cache.root()}), or unset "
         f"{build.ENV_JIT} to build it at the next import."
     )
@@ -98,6 +110,100 @@ def _not_built():
 
 def _same_build(version, git):
     return version == torch.__version__ and git == torch.version.git_version
+
+
+# The binary wheels' binaries (tools/wheels.py): <package>/_binaries/<build>/_C.so
+# and the manifest that says what each was built for.
+BINARIES = "_binaries"
+MANIFEST = "manifest.json"
+# Why the loader took what it took, or passed over a packaged binary (info).
+choice = None
+
+
+def _release_of(version):
+    return version.split("+", 1)[0]
+
+
+def _describe(entry):
+    abi = "C++11 ABI" if entry.get("cxx11_abi") else "pre-C++11 ABI"
+    return f"torch {entry.get('torch')} (git {str(entry.get('git'))[:12]}, {abi}, {entry.get('python')})"
+
+
+def packaged_binaries():
+    """[manifest entries, each with its "file" path] of the binaries the
+    package carries (a binary wheel), or [] (a source install)."""
+    directory = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), BINARIES)
+    try:
+        with open(os.path.join(directory, MANIFEST)) as f:
+            manifest = json.load(f)
+        builds = manifest["builds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    found = []
+    for entry in builds if isinstance(builds, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str) and ".." not in entry["path"].split("/"):
+            found.append(dict(entry, file=os.path.join(directory, *entry["path"].split("/"))))
+    return found
+
+
+def _intact(entry):
+    """None if the packaged binary is there with the digest the manifest
+    records, else what is wrong with it."""
+    try:
+        with open(entry["file"], "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    except OSError as e:
+        return f"the packaged binary {entry['file']} cannot be read ({e.strerror or e})"
+    if digest != entry.get("sha256"):
+        return f"the packaged binary {entry['file']} is damaged (its digest is not the manifest's)"
+    return None
+
+
+def _this_torch():
+    return {"torch": torch.__version__, "git": torch.version.git_version,
+            "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI), "python": sys.implementation.cache_tag}
+
+
+def choose_packaged():
+    """(path, origin) of the packaged binary to load for the running torch,
+    or (None, what was found): the exact build first, else one for the same
+    release from another build whose layout verdict here is clean. Sets
+    :data:`choice`. Nothing is compiled; a probe may run in a child process."""
+    global choice
+    here = _this_torch()
+    entries = packaged_binaries()
+    compatible = [e for e in entries if e.get("python") == here["python"] and e.get("cxx11_abi") == here["cxx11_abi"]]
+    exact = [e for e in compatible if e.get("torch") == here["torch"] and e.get("git") == here["git"]]
+    release = [e for e in compatible if e not in exact and _release_of(str(e.get("torch"))) == _release_of(here["torch"])]
+    problems = []
+    for entry in exact:
+        problem = _intact(entry)
+        if problem is None:
+            choice = f"the packaged binary for {_describe(here)}: loaded, nothing compiled"
+            return entry["file"], "package"
+        problems.append(problem)
+    for entry in release:
+        problem = _intact(entry)
+        if problem is None:
+            try:
+                record, _ = verdict_of(entry["file"])
+            except (_verdict.ProbeNotRun, build._LockTimeout) as e:
+                problem = f"the packaged binary for {_describe(entry)} could not be verified against this torch build ({e})"
+            else:
+                if not record["found"]:
+                    choice = (f"the packaged binary for {_describe(entry)}, the same release from another build: "
+                              "its layout verdict against this torch finds nothing amiss; loaded, nothing compiled")
+                    return entry["file"], "package (verified)"
+                problem = (f"the packaged binary for {_describe(entry)} does not read this torch build's structures "
+                           f"as its headers say ({', '.join(sorted(record['found']))})")
+        problems.append(problem)
+    if entries:
+        found = "; ".join(_describe(e) for e in entries)
+        looked = f"a packaged binary for {_describe(here)} (this copy carries: {found})"
+    else:
+        looked = "a packaged binary (this copy carries none: installed from source)"
+    choice = looked + ("; " + "; ".join(problems) if problems else "")
+    return None, choice
 
 
 def packaged_build():
@@ -160,24 +266,30 @@ def load():
     build failed, BuildMismatchError or ImportError if TORCH_CTXEXT_JIT=0 and
     there is no build for the running torch.
     """
-    global loaded
+    global loaded, choice
     packaged = packaged_build()
+    binary, looked = (None, None) if packaged else choose_packaged()
     if packaged and _same_build(packaged[1], packaged[2]):
         path, origin = packaged[0], "package"
+        choice = "the build pip compiled for this torch at install: loaded, nothing compiled"
+    elif binary is not None:
+        path, origin = binary, looked
     elif cached := build_cache.cached_library():
         path, origin = cached, "cache"
+        choice = (looked + "; " if looked else "") + "the build in the cache for this torch: loaded"
     elif not build.jit_enabled():
-        raise _mismatch(packaged[1], packaged[2]) if packaged else _not_built()
+        raise _mismatch(packaged[1], packaged[2]) if packaged else _not_built(looked)
     else:
         reason = (
             f"the installed build is for torch {packaged[1]} (git {packaged[2][:12]})"
             if packaged
-            else "this copy of torch_ctxext carries no build (installed from source)"
+            else f"no packaged binary fits ({looked})"
         )
         path, built = build.build(reason)
         origin = "built" if built else "cache"  # or another process built it meanwhile
+        choice = f"{reason}; built at this import" if built else f"{reason}; the build in the cache: loaded"
     module = _import(path)
-    if not _same_build(module.built_for_torch, module.built_for_git_version):
+    if origin != "package (verified)" and not _same_build(module.built_for_torch, module.built_for_git_version):
         raise _mismatch(module.built_for_torch, module.built_for_git_version)
     _check_boundaries(module.boundaries, path)
     loaded = Loaded(path, origin, module.built_for_torch, module.built_for_git_version)

@@ -32,6 +32,7 @@ def extension_lines():
         record = build_cache.record_of(loaded.path)
         where = {
             "package": "installed with the package",
+            "package (verified)": "installed with the package, for another build of this release (verified here)",
             "cache": "from the build cache",
             "built": "built at this import, into the build cache",
         }[loaded.origin] + f": {loaded.path}"
@@ -43,6 +44,8 @@ def extension_lines():
         f"extension      {where}",
         f"build cache    {build_cache.root()} (${build_cache.ENV_CACHE})",
     ]
+    if loader.choice:
+        lines.append(f"why            {loader.choice}")
     if loaded is not None:
         verdict = loader.verdict
         if verdict is None:

@@ -1,0 +1,332 @@
+"""Build torch_ctxext's binary wheels: one per CPython, a binary for every torch.
+
+    python3 tools/wheels.py [--python 3.10,3.13] [--torch 2.6.0,2.13.0] [--out DIR] [--verify]
+
+(``bash tools/run.sh wheels`` runs it.) For every CPython asked for (default
+3.10 to 3.13) and every supported torch release that needs the extension
+(default: all but those where every member is native), it:
+
+1. fetches torch's wheels for that release and CPython without their
+   dependencies (``pip download --no-deps``): PyPI's, and any other build
+   this machine's own pip configuration gives (a local CPU build); nothing
+   is installed or imported;
+2. unpacks what a compile needs (``include/``, the four libraries the
+   extension links, ``version.py``) once per torch build, and reads its
+   facts from the files (``_ext/compile.py``: version, git hash, C++ ABI,
+   pybind11's ABI strings);
+3. compiles the extension against it with ninja (the flags a build at first
+   import uses, ``compile.cflags``); a second run with unchanged sources
+   compiles nothing (ninja's own bookkeeping);
+4. writes one wheel per CPython: the package, each binary under
+   ``torch_ctxext/_binaries/<build>/_C.so`` and their manifest
+   (``_binaries/manifest.json``: torch version, git hash, C++ ABI, CPython,
+   digest), requiring ``torch>=2.6,<2.16`` and no build tool, tagged with
+   the platform ``auditwheel show`` says its binaries need.
+
+``--verify`` then installs each wheel with each torch into a fresh venv
+where no compiler can be found, imports it, checks that nothing was built
+and runs ``python -m torch_ctxext check`` (a release step: every release x
+CPython, hours and ~5 GB of disk per venv at a time).
+
+Everything downloaded or compiled is kept in ``--cache`` (default
+$TORCH_CTXEXT_CACHE/wheels, ~/.cache/torch_ctxext/wheels).
+"""
+import argparse
+import base64
+import csv
+import glob
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+# What a compile needs of a torch wheel.
+MEMBERS = ("torch/version.py", "torch/lib/libc10.so", "torch/lib/libtorch.so", "torch/lib/libtorch_cpu.so",
+           "torch/lib/libtorch_python.so")
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compile_ = _load("_torch_ctxext_compile", os.path.join(ROOT, "torch_ctxext", "_ext", "compile.py"))
+releases = compile_._releases
+sources = compile_.sources
+MANIFEST = "manifest.json"
+
+
+def say(text):
+    print(f"wheels: {text}", flush=True)
+
+
+def interpreter(version):
+    """The path of CPython ``version`` here (pyenv's, else on PATH)."""
+    found = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
+    path = found[-1] if found else shutil.which(f"python{version}")
+    if not path:
+        sys.exit(f"wheels: no CPython {version} here (pyenv install {version}, or put python{version} on PATH)")
+    return path
+
+
+def python_facts(python):
+    code = ("import json, sys, sysconfig; print(json.dumps({'include': sysconfig.get_path('include', "
+            "scheme='posix_prefix'), 'tag': sys.implementation.cache_tag, 'abi': 'cp%d%d' % sys.version_info[:2]}))")
+    return json.loads(subprocess.check_output([python, "-c", code], text=True))
+
+
+def needs_binary(release):
+    return any(not releases.native(member, release) for member in releases.NATIVE_FROM)
+
+
+# --- 1. fetching torch ---------------------------------------------------------
+
+
+def fetched(release, python_version, cache):
+    """The torch packages unpacked for ``release`` and CPython
+    ``python_version``: from an earlier run's record, else fetched now."""
+    record = os.path.join(cache, "fetched", f"torch-{release}-cp{python_version.replace('.', '')}.json")
+    try:
+        with open(record) as f:
+            names = json.load(f)
+        dirs = [os.path.join(cache, "torch", n, "torch") for n in names]
+        if all(os.path.exists(os.path.join(os.path.dirname(d), ".complete")) for d in dirs):
+            return list(zip(names, dirs))
+    except (OSError, ValueError):
+        pass
+    found = []
+    for wheel in fetch(release, python_version, os.path.join(cache, "downloads")):
+        found.append((os.path.basename(wheel)[: -len(".whl")], unpack(wheel, os.path.join(cache, "torch"))))
+        os.remove(wheel)
+    os.makedirs(os.path.dirname(record), exist_ok=True)
+    with open(record, "w") as f:
+        json.dump([name for name, _ in found], f)
+    return found
+
+
+def fetch(release, python_version, directory):
+    """The torch wheels pip can get for ``release`` and CPython ``python_version``
+    (PyPI's, and a different one from this machine's own configuration)."""
+    os.makedirs(directory, exist_ok=True)
+    found = []
+    for config in ("pypi", "machine"):
+        env = dict(os.environ, PIP_NO_CACHE_DIR="1")
+        if config == "pypi":
+            env.update(PIP_CONFIG_FILE=os.devnull)
+            env.pop("PIP_FIND_LINKS", None)
+        before = set(os.listdir(directory))
+        command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+                   "--python-version", python_version, "--implementation", "cp", "-d", directory,
+                   f"torch=={release}"] + [a for p in PLATFORMS for a in ("--platform", p)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            if config == "pypi":
+                say(f"torch {release} for CPython {python_version}: none ({done.stderr.strip().splitlines()[-1:]})")
+            continue
+        names = sorted(set(os.listdir(directory)) - before) or _matching(directory, release, python_version)
+        found += [os.path.join(directory, n) for n in names if n.endswith(".whl")]
+    return sorted(set(found))
+
+
+def _matching(directory, release, python_version):
+    cp = "cp" + python_version.replace(".", "")
+    return [n for n in os.listdir(directory) if re.match(rf"torch-{re.escape(release)}(\+[^-]+)?(-\d+)?-{cp}-", n)]
+
+
+# --- 2. unpacking ----------------------------------------------------------------
+
+
+def unpack(wheel, directory):
+    """The torch package directory of ``wheel``, with what a compile needs."""
+    target = os.path.join(directory, os.path.basename(wheel)[: -len(".whl")])
+    done = os.path.join(target, ".complete")
+    if not os.path.exists(done):
+        shutil.rmtree(target, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as z:
+            names = [n for n in z.namelist() if n.startswith("torch/include/") or n in MEMBERS]
+            z.extractall(target, names)
+        for member in MEMBERS[1:]:  # the same library in the wheels of each CPython: stored once
+            _share(os.path.join(target, member), os.path.join(directory, ".shared"))
+        open(done, "w").close()
+    return os.path.join(target, "torch")
+
+
+def _share(path, store):
+    """Replace ``path`` by a hard link to the identical file in ``store``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    os.makedirs(store, exist_ok=True)
+    kept = os.path.join(store, digest.hexdigest())
+    if not os.path.exists(kept):
+        os.link(path, kept)
+    else:
+        os.remove(path)
+        os.link(kept, path)
+
+
+# --- 3. compiling ----------------------------------------------------------------
+
+
+def build_name(target, tag):
+    abi = "cxx11" if target.cxx11_abi else "cxx03"
+    return f"torch-{target.torch_version}-git{target.git_version[:12]}-{tag}-{abi}"
+
+
+def compile_one(target, tag, directory):
+    """Compile against ``target`` in ``directory`` (ninja: nothing if
+    nothing changed); return (library path, whether anything was compiled)."""
+    os.makedirs(directory, exist_ok=True)
+    compile_.write_ninja(target, sources.csrc_dir(), directory)
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        sys.exit("wheels: ninja is needed (pip install ninja)")
+    done = subprocess.run([ninja] + compile_.ninja_arguments(), cwd=directory, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"wheels: the build against torch {target.torch_version} ({tag}) failed:\n{done.stdout[-4000:]}")
+    return os.path.join(directory, "_C.so"), "no work to do" not in done.stdout
+
+
+# --- 4. the wheels ---------------------------------------------------------------
+
+
+def pure_wheel(workdir):
+    """The package as a pure wheel (sources only), built once."""
+    out = os.path.join(workdir, "pure")
+    shutil.rmtree(out, ignore_errors=True)
+    env = dict(os.environ, TORCH_CTXEXT_BUILD_EXT="0")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, ROOT], env=env, check=True)
+    (wheel,) = glob.glob(os.path.join(out, "*.whl"))
+    return wheel
+
+
+def _digest(data):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def assemble(pure, python, binaries, out, platform):
+    """One wheel for ``python`` (its facts) holding ``binaries`` [(name, path, entry)]."""
+    files = {}
+    with zipfile.ZipFile(pure) as z:
+        for name in z.namelist():
+            files[name] = z.read(name)
+    info = next(n for n in files if n.endswith(".dist-info/WHEEL"))
+    dist_info = info.rsplit("/", 1)[0]
+    version = dist_info[: -len(".dist-info")].split("-")[1]
+    tag = f"{python['abi']}-{python['abi']}-{platform}"
+    files[info] = ("Wheel-Version: 1.0\nGenerator: torch_ctxext tools/wheels.py\nRoot-Is-Purelib: false\n"
+                   f"Tag: {tag}\n").encode()
+    metadata = files[f"{dist_info}/METADATA"].decode()
+    # The binary wheel needs no build tool: ninja is for builds at import.
+    metadata = "".join(line for line in metadata.splitlines(True) if not line.startswith("Requires-Dist: ninja"))
+    files[f"{dist_info}/METADATA"] = metadata.encode()
+    manifest = {"format": 1, "python": python["tag"], "builds": []}
+    for name, path, entry in binaries:
+        with open(path, "rb") as f:
+            data = f.read()
+        files[f"torch_ctxext/_binaries/{name}/_C.so"] = data
+        manifest["builds"].append(dict(entry, path=f"{name}/_C.so", sha256=hashlib.sha256(data).hexdigest(),
+                                       size=len(data)))
+    files[f"torch_ctxext/_binaries/{MANIFEST}"] = (json.dumps(manifest, indent=1) + "\n").encode()
+    record = f"{dist_info}/RECORD"
+    rows = io.StringIO()
+    writer = csv.writer(rows, lineterminator="\n")
+    for name, data in sorted(files.items()):
+        if name != record:
+            writer.writerow([name, _digest(data), len(data)])
+    writer.writerow([record, "", ""])
+    files[record] = rows.getvalue().encode()
+    path = os.path.join(out, f"torch_ctxext-{version}-{tag}.whl")
+    with zipfile.ZipFile(path + ".tmp", "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            z.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), data, zipfile.ZIP_DEFLATED)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def auditwheel_platform(wheel, workdir):
+    """The platform tag ``auditwheel show`` gives the wheel's binaries (torch's
+    own libraries, which the binaries link, are the user's torch: not counted)."""
+    venv = os.path.join(workdir, "auditwheel")
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(python):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", "auditwheel==6.4.2"], check=True,
+                       env=dict(os.environ, PIP_CONFIG_FILE=os.devnull))
+    shown = subprocess.run([python, "-m", "auditwheel", "show", wheel], capture_output=True, text=True)
+    text = " ".join((shown.stdout + shown.stderr).split())
+    # The binaries link torch's libraries, which the wheel does not carry
+    # (they are the user's torch): auditwheel then says "linux_x86_64", and
+    # names the tag the versioned symbols of the system's libraries allow.
+    match = re.search(r'constrains the platform tag to "?([a-z0-9_]+)"?', text) or \
+        re.search(r'consistent with the following platform tag: "?([a-z0-9_]+)"?', text)
+    if not match:
+        sys.exit(f"wheels: auditwheel show gave no platform tag for {wheel}:\n{shown.stdout}{shown.stderr}")
+    return match.group(1), text
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default=",".join(PYTHONS), help="CPython versions (default %(default)s)")
+    parser.add_argument("--torch", default=",".join(r for r in releases.RELEASES if needs_binary(r)),
+                        help="torch releases (default: every supported one that needs a binary)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "dist"))
+    parser.add_argument("--cache", default=os.path.join(
+        os.environ.get("TORCH_CTXEXT_CACHE") or os.path.expanduser("~/.cache/torch_ctxext"), "wheels"))
+    args = parser.parse_args(argv)
+    pythons = [p.strip() for p in args.python.split(",") if p.strip()]
+    wanted = [r.strip() for r in args.torch.split(",") if r.strip()]
+    for release in wanted:
+        if not releases.supported(release):
+            sys.exit(f"wheels: torch {release} is not supported (torch{releases.requirement()})")
+        if not needs_binary(release):
+            sys.exit(f"wheels: torch {release} provides every member natively: it needs no binary")
+    os.makedirs(args.out, exist_ok=True)
+    start, compiled, summary = time.monotonic(), 0, []
+    pure = pure_wheel(args.cache)
+    for version in pythons:
+        python = python_facts(interpreter(version))
+        binaries = []
+        for release in wanted:
+            for wheel, torch_dir in fetched(release, version, args.cache):
+                target = compile_.target_of_unpacked_torch(torch_dir, python["include"])
+                name = build_name(target, python["abi"])
+                t0 = time.monotonic()
+                library, did = compile_one(target, python["abi"], os.path.join(args.cache, "builds", name))
+                compiled += did
+                say(f"{name}: {'compiled in %.0f s' % (time.monotonic() - t0) if did else 'up to date'}")
+                binaries.append((name, library, {
+                    "torch": target.torch_version, "git": target.git_version, "cxx11_abi": target.cxx11_abi,
+                    "python": python["tag"], "built_from": wheel + ".whl",
+                }))
+        if not binaries:
+            say(f"CPython {version}: no torch build to compile against; no wheel")
+            continue
+        wheel = assemble(pure, python, binaries, args.out, "linux_x86_64")
+        platform, _ = auditwheel_platform(wheel, args.cache)
+        final = assemble(pure, python, binaries, args.out, platform)
+        if final != wheel:
+            os.remove(wheel)
+        summary.append((final, len(binaries), os.path.getsize(final)))
+    for path, count, size in summary:
+        say(f"{os.path.basename(path)}: {count} binaries, {size / 1e6:.2f} MB")
+    say(f"{len(summary)} wheels in {time.monotonic() - start:.0f} s ({compiled} builds compiled)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
