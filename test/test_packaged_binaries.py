@@ -1,0 +1,156 @@
+"""What the loader does with the binaries a binary wheel carries.
+
+A binary wheel (tools/wheels.py) holds ``torch_ctxext/_binaries/<build>/_C.so``
+and a manifest of what each was built for. The loader:
+
+* loads the binary for this torch version, git hash, C++ ABI and CPython,
+  its digest checked, and compiles nothing;
+* passes over a damaged or missing one and says so (the build at import
+  follows, or with TORCH_CTXEXT_JIT=0 the members are unavailable with an
+  ImportError naming what was looked for and what was found);
+* takes a binary for the same release from another build of torch (another
+  git hash) only once its layout verdict against this torch is clean;
+* never takes a binary for another CPython or C++ ABI; pip refuses a wheel
+  of another CPython outright.
+
+Each case is a package tree made here around the binary the running torch
+loaded (a binary wheel's layout), imported in a fresh interpreter with an
+empty build cache.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+import torch_ctxext
+from torch_ctxext._ext import loader
+
+PACKAGE = os.path.dirname(os.path.abspath(torch_ctxext.__file__))
+needs_binary = pytest.mark.skipif(
+    loader.loaded is None, reason="this torch provides every member natively: no binary is loaded to package"
+)
+PROBE = """
+import json, torch, torch_ctxext
+from torch_ctxext._ext import loader
+print(json.dumps({"features": torch_ctxext.features(), "choice": loader.choice,
+                  "origin": loader.loaded and loader.loaded.origin}))
+"""
+
+
+def this_torch(**changes):
+    return dict({"torch": torch.__version__, "git": torch.version.git_version,
+                 "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI), "python": sys.implementation.cache_tag},
+                **changes)
+
+
+def binary_install(tmp_path, entries, damage=None):
+    """A copy of the package carrying the loaded binary once per manifest
+    entry (``damage``: "missing" or "corrupt" for the first); its site dir."""
+    site = tmp_path / "site"
+    shutil.copytree(PACKAGE, site / "torch_ctxext", ignore=shutil.ignore_patterns(
+        "__pycache__", "_build_info.py", "_C*.so", "_binaries"))
+    csrc = os.path.join(os.path.dirname(PACKAGE), "csrc")
+    if not (site / "torch_ctxext" / "csrc").exists() and os.path.isdir(csrc):
+        shutil.copytree(csrc, site / "torch_ctxext" / "csrc")
+    binaries = site / "torch_ctxext" / "_binaries"
+    data = open(loader.loaded.path, "rb").read()
+    manifest = {"format": 1, "python": sys.implementation.cache_tag, "builds": []}
+    for i, entry in enumerate(entries):
+        name = f"build-{i}"
+        (binaries / name).mkdir(parents=True)
+        (binaries / name / "_C.so").write_bytes(data)
+        manifest["builds"].append(dict(entry, path=f"{name}/_C.so", sha256=hashlib.sha256(data).hexdigest()))
+    if damage == "missing":
+        (binaries / "build-0" / "_C.so").unlink()
+    elif damage == "corrupt":
+        (binaries / "build-0" / "_C.so").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    (binaries / "manifest.json").write_text(json.dumps(manifest))
+    return site
+
+
+def import_refused(site, tmp_path):
+    """The ImportError ``import torch_ctxext`` raises with TORCH_CTXEXT_JIT=0."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
+    environment.update(PYTHONPATH=str(site), TORCH_CTXEXT_CACHE=str(tmp_path / "cache"), TORCH_CTXEXT_JIT="0")
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd="/", env=environment,
+                          timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: "), done.stderr
+    return last
+
+
+def import_from(site, tmp_path, **env):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
+    environment.update(PYTHONPATH=str(site), TORCH_CTXEXT_CACHE=str(tmp_path / "cache"), TORCH_CTXEXT_JIT="0",
+                       CXX="/bin/false", CC="/bin/false", **env)
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd="/", env=environment,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def provided(answer):
+    return {answer["features"][m] for m in ("input_grad_buffers", "set_output_grad_dtype")}
+
+
+@needs_binary
+def test_the_binary_for_this_torch_is_loaded_and_nothing_is_compiled(tmp_path):
+    site = binary_install(tmp_path, [this_torch(python="cpython-0"), this_torch()])
+    answer, said = import_from(site, tmp_path)
+    assert provided(answer) == {"torch_ctxext"}
+    assert answer["origin"] == "package"
+    assert "loaded, nothing compiled" in answer["choice"]
+    assert "building" not in said
+    assert not list((tmp_path / "cache").glob("builds/torch-*"))
+
+
+@needs_binary
+@pytest.mark.parametrize("damage, said", [("corrupt", "is damaged (its digest is not the manifest's)"),
+                                          ("missing", "cannot be read")])
+def test_a_damaged_or_missing_binary_is_passed_over_and_named(tmp_path, damage, said):
+    site = binary_install(tmp_path, [this_torch()], damage=damage)
+    reason = import_refused(site, tmp_path)
+    assert said in reason and "build-0" in reason
+    assert "TORCH_CTXEXT_JIT=0 forbids building it at import" in reason
+
+
+@needs_binary
+def test_a_binary_for_the_same_release_from_another_build_is_taken_once_its_layout_verdict_is_clean(tmp_path):
+    site = binary_install(tmp_path, [this_torch(git="0" * 40, torch=torch.__version__.split("+")[0] + "+vendor")])
+    answer, said = import_from(site, tmp_path)
+    assert provided(answer) == {"torch_ctxext"}
+    assert answer["origin"] == "package (verified)"
+    assert "the same release from another build" in answer["choice"]
+    assert "verifying that its extension reads the structures" in said  # the probe ran, in a child
+    assert list((tmp_path / "cache").glob("builds/layouts/layout-*.json"))  # and its verdict is kept
+    again, said_again = import_from(site, tmp_path)
+    assert again["origin"] == "package (verified)" and "verifying" not in said_again
+
+
+@needs_binary
+@pytest.mark.parametrize("other", [{"python": "cpython-39"}, {"cxx11_abi": not torch._C._GLIBCXX_USE_CXX11_ABI},
+                                   {"torch": "2.5.1", "git": "1" * 40}])
+def test_a_binary_for_another_cpython_abi_or_release_is_never_taken(tmp_path, other):
+    site = binary_install(tmp_path, [this_torch(**other)])
+    reason = import_refused(site, tmp_path)
+    assert "forbids building it at import" in reason
+    assert f"Looked for a packaged binary for torch {torch.__version__}" in reason
+    assert "this copy carries: torch " in reason  # what was found, named
+
+
+def test_pip_refuses_a_wheel_of_another_cpython(tmp_path):
+    other = "cp39" if sys.version_info[:2] != (3, 9) else "cp313"
+    wheel = tmp_path / f"torch_ctxext-0.1.0-{other}-{other}-manylinux_2_34_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("torch_ctxext/__init__.py", "")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index", str(wheel)],
+                          capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "is not a supported wheel on this platform" in done.stderr
