@@ -12,6 +12,9 @@
 #                                     cost (and, with valgrind, the idle cost in
 #                                     instructions) into docs/benchmarks.json
 #   bash tools/run.sh docs            build the documentation site (warnings are errors)
+#   bash tools/run.sh wheels [--python 3.10,3.13] [--torch 2.6.0,2.13.0] [--out DIR] [--verify]
+#                                     the binary wheels, one per CPython (tools/wheels.py);
+#                                     --verify installs each beside each torch and checks it
 #
 # Virtual environments are cached outside the clone, in $TORCH_CTXEXT_CACHE
 # (default ~/.cache/torch_ctxext), one per torch release, so a second run
@@ -25,7 +28,7 @@
 # the releases `matrix` runs (the other kept reports stay), to rerun a part.
 set -euo pipefail
 shopt -s inherit_errexit  # a failing step inside $(...) stops the run too
-job=${1:?usage: bash tools/run.sh check|test|matrix [--keep] [--bench]|docs}
+job=${1:?usage: bash tools/run.sh check|test|matrix [--keep] [--bench]|docs|wheels [...]}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TORCH_CTXEXT_CACHE:-$HOME/.cache/torch_ctxext}
 # The releases: torch_ctxext/_releases.py (the one place; standard library only).
@@ -113,14 +116,59 @@ build_docs() {
     echo "docs built: $out/html/index.html"
 }
 
-venv_create() {  # venv_create VERSION: a venv with that torch and the test tools
-    local version=$1 dir=$cache/venv-$1
+python_for() {  # python_for 3.X -> that CPython here (pyenv's, else on PATH)
+    local found
+    found=$(ls -d "$HOME"/.pyenv/versions/"$1".*/bin/python"$1" 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$found" ] || found=$(command -v "python$1") || { echo "no CPython $1 here" >&2; return 1; }
+    echo "$found"
+}
+
+venv_dir() {  # venv_dir VERSION [CPYTHON] -> where that venv is cached
+    if [ -z "${2:-}" ] || [ "$2" = 3.11 ]; then echo "$cache/venv-$1"; else echo "$cache/venv-$1-py$2"; fi
+}
+
+venv_create() {  # venv_create VERSION [CPYTHON [DIR]]: a venv with that torch and the test tools
+    local version=$1 python=${2:-3.11} dir=${3:-}
+    [ -n "$dir" ] || dir=$(venv_dir "$version" "$python")
+    local pipenv
+    pipenv=$(pip_env "$version")
+    # The torch on this machine's disk is for CPython 3.11: the others come from the index.
+    if [ "$python" != 3.11 ]; then pipenv="PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1"; fi
     if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$version'" 2>/dev/null; then
         rm -rf "$dir"
-        python3 -m venv "$dir"
-        env $(pip_env "$version") "$dir/bin/python" -m pip install -q "torch==$version"
+        "$(python_for "$python")" -m venv "$dir"
+        env $pipenv "$dir/bin/python" -m pip install -q "torch==$version"
     fi
-    env $(pip_env "$version") "$dir/bin/python" -m pip install -q "${test_deps[@]}"
+    env $pipenv "$dir/bin/python" -m pip install -q "${test_deps[@]}"
+}
+
+build_wheels() {  # build_wheels ARGS...: tools/wheels.py, with ninja from a small venv of its own
+    local dir=$cache/venv-wheels
+    if [ ! -x "$dir/bin/ninja" ]; then
+        rm -rf "$dir"
+        python3 -m venv "$dir"
+        PIP_CONFIG_FILE=/dev/null "$dir/bin/python" -m pip install -q ninja
+    fi
+    "$dir/bin/python" "$root/tools/wheels.py" "$@"
+}
+
+wheel_tests() {  # wheel_tests VERSION CPYTHON DIST [plugin]: the wheel in a venv of its own, as a user installs it
+    local version=$1 python=$2 dist=$3 dir wheel tag
+    tag=cp${python/./}
+    wheel=$(ls "$dist"/torch_ctxext-*-"$tag"-"$tag"-*.whl)
+    echo "== the binary wheel $(basename "$wheel") with torch $version: installed alone, imported and checked without a compiler"
+    dir=$(venv_dir "$version" "$python")
+    if [ "$python" = 3.11 ]; then dir=$cache/venv-$version-wheel; fi  # not the venv the source install is tested in
+    venv_create "$version" "$python" "$dir" >&2
+    env $(pip_env "$version") "$dir/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" >&2
+    "$dir/bin/python" "$root/tools/wheel_check.py"
+    if [ "${4:-}" = plugin ]; then
+        echo "== the plugin's own tests on CPython $python, torch $version (from the wheel)"
+        env $(pip_env "$version") "$dir/bin/python" -m pip install -q "${model_test_deps[@]}" >&2
+        "$dir/bin/python" -m pytest -q -p no:cacheprovider -o addopts= --rootdir "$root" "$root/test" \
+            >"$out/test-$version-py$python.log" 2>&1 || { cat "$out/test-$version-py$python.log"; exit 1; }
+        tail -n 1 "$out/test-$version-py$python.log"
+    fi
 }
 
 # Creating a venv is mostly download and unpacking, building torch_ctxext is
@@ -182,8 +230,21 @@ docs)
     build_docs
     ;;
 check)
-    venv=$(venv_for "$default_torch")
+    # The conformance report on the CPU: the test device is not built. With
+    # a binary wheel for this CPython in dist/ (bash tools/run.sh wheels),
+    # it is installed instead of the sources, and nothing is compiled.
+    venv_ready "$default_torch"
+    venv=$cache/venv-$default_torch
+    wheel=$(ls "$root"/dist/torch_ctxext-*-cp311-cp311-*.whl 2>/dev/null | tail -n 1 || true)
+    if [ -n "$wheel" ]; then
+        env $(pip_env "$default_torch") "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" >&2
+    else
+        install_torch_ctxext "$venv"
+    fi
     cd /tmp && exec "$venv/bin/python" -m torch_ctxext check
+    ;;
+wheels)
+    build_wheels "${@:2}"
     ;;
 test)
     cd /tmp
@@ -244,6 +305,17 @@ test)
     PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
         --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py" \
         "$root/test/test_advise_models.py" "$root/test/test_nn.py"
+    # The binary wheels, as users install them (tools/wheels.py): CPython 3.11
+    # with this machine's CPU build of $main, 3.13 with PyPI's (CUDA) build
+    # of $main, 3.10 with PyPI's $oldest; the plugin's own tests on 3.13 and 3.10.
+    echo "== binary wheels (tools/wheels.py): CPython 3.11 and 3.13 for torch $main, 3.10 for torch $oldest"
+    t0=$SECONDS
+    build_wheels --python 3.11,3.13 --torch "$main" --out "$out/dist" | tail -n 4
+    build_wheels --python 3.10 --torch "$oldest" --out "$out/dist" | tail -n 3
+    echo "== wheels built in $(( SECONDS - t0 )) s"
+    wheel_tests "$main" 3.11 "$out/dist"
+    wheel_tests "$main" 3.13 "$out/dist" plugin
+    wheel_tests "$oldest" 3.10 "$out/dist" plugin
     echo "== documentation site (warnings are errors)"
     build_docs
     echo "== test: $(( $(date +%s) - start )) s"

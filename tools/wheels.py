@@ -192,7 +192,7 @@ def compile_one(target, tag, directory):
     nothing changed); return (library path, whether anything was compiled)."""
     os.makedirs(directory, exist_ok=True)
     compile_.write_ninja(target, sources.csrc_dir(), directory)
-    ninja = shutil.which("ninja")
+    ninja = shutil.which("ninja") or shutil.which("ninja", path=os.path.dirname(sys.executable))
     if ninja is None:
         sys.exit("wheels: ninja is needed (pip install ninja)")
     done = subprocess.run([ninja] + compile_.ninja_arguments(), cwd=directory, capture_output=True, text=True)
@@ -279,12 +279,57 @@ def auditwheel_platform(wheel, workdir):
     return match.group(1), text
 
 
+# --- --verify --------------------------------------------------------------------
+
+
+def requirement_of(built_from):
+    """``torch==X`` for the torch wheel a binary was built against (its
+    distribution version: a local label like +cpu kept, PyPI's without)."""
+    match = re.match(r"torch-([^-]+)-", built_from)
+    return f"torch=={match.group(1)}"
+
+
+def verify(wheel, python_version, cache):
+    """Install ``wheel`` beside each torch its manifest names, in a fresh
+    venv each, and check it there without a compiler (tools/wheel_check.py);
+    return one result a torch build."""
+    with zipfile.ZipFile(wheel) as z:
+        manifest = json.loads(z.read(f"torch_ctxext/_binaries/{MANIFEST}"))
+    results = []
+    for entry in manifest["builds"]:
+        venv = os.path.join(cache, "verify", f"venv-{python_version}")
+        shutil.rmtree(venv, ignore_errors=True)
+        t0 = time.monotonic()
+        subprocess.run([interpreter(python_version), "-m", "venv", venv], check=True)
+        python = os.path.join(venv, "bin", "python")
+        requirement = requirement_of(entry["built_from"])
+        env = dict(os.environ, PIP_NO_CACHE_DIR="1")
+        if "+" not in requirement:  # PyPI's build (this machine's configuration may cap or replace it)
+            env.update(PIP_CONFIG_FILE=os.devnull)
+            env.pop("PIP_FIND_LINKS", None)
+        subprocess.run([python, "-m", "pip", "install", "-q", requirement, "numpy", "pytest", "hypothesis", "expecttest"],
+                       check=True, env=env)
+        subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], check=True, env=env)
+        done = subprocess.run([python, os.path.join(ROOT, "tools", "wheel_check.py"), "--rounds", "5"],
+                              capture_output=True, text=True)
+        line = (done.stdout.strip().splitlines() or ["no output"])[-1]
+        results.append({"python": python_version, "torch": entry["torch"], "ok": done.returncode == 0,
+                        "result": json.loads(line) if done.returncode == 0 else line + done.stderr[-2000:],
+                        "seconds": round(time.monotonic() - t0)})
+        say(f"verified {os.path.basename(wheel)} with torch {entry['torch']}: "
+            f"{'conforms, nothing built' if done.returncode == 0 else 'FAILED: ' + line} ({results[-1]['seconds']} s)")
+        shutil.rmtree(venv, ignore_errors=True)
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=",".join(PYTHONS), help="CPython versions (default %(default)s)")
     parser.add_argument("--torch", default=",".join(r for r in releases.RELEASES if needs_binary(r)),
                         help="torch releases (default: every supported one that needs a binary)")
     parser.add_argument("--out", default=os.path.join(ROOT, "dist"))
+    parser.add_argument("--verify", action="store_true",
+                        help="then install each wheel beside each torch in a fresh venv and check it there")
     parser.add_argument("--cache", default=os.path.join(
         os.environ.get("TORCH_CTXEXT_CACHE") or os.path.expanduser("~/.cache/torch_ctxext"), "wheels"))
     args = parser.parse_args(argv)
@@ -321,10 +366,18 @@ def main(argv=None):
         final = assemble(pure, python, binaries, args.out, platform)
         if final != wheel:
             os.remove(wheel)
-        summary.append((final, len(binaries), os.path.getsize(final)))
-    for path, count, size in summary:
+        summary.append((final, len(binaries), os.path.getsize(final), version))
+    for path, count, size, _ in summary:
         say(f"{os.path.basename(path)}: {count} binaries, {size / 1e6:.2f} MB")
     say(f"{len(summary)} wheels in {time.monotonic() - start:.0f} s ({compiled} builds compiled)")
+    if args.verify:
+        verified = [r for path, _, _, version in summary for r in verify(path, version, args.cache)]
+        with open(os.path.join(args.out, "verified.json"), "w") as f:
+            json.dump(verified, f, indent=1)
+        failed = [r for r in verified if not r["ok"]]
+        say(f"verified {len(verified) - len(failed)} of {len(verified)} CPython x torch builds "
+            f"in {time.monotonic() - start:.0f} s in all")
+        return 1 if failed else 0
     return 0
 
 
