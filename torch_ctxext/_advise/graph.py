@@ -33,11 +33,14 @@ __all__ = ["Backward", "Arrival"]
 class Arrival:
     """What one producer left in a slot: ``gradient`` (a tensor the engine
     adds), ``fused`` (written into the exposed buffer, None returned) or
-    ``none`` (nothing)."""
+    ``none`` (nothing). ``stock_view``: a drop-in's gradient where the stock
+    module's would have been a view (the engine would have summed out of
+    place had it come first)."""
 
     producer: int
     kind: str
     bytes: int = 0
+    stock_view: bool = False
 
 
 def storage_bytes(t):
@@ -112,7 +115,7 @@ class Slot:
         self.first_address = None
         self.final_address = None
 
-    def arrive(self, producer, gradient, kind=None):
+    def arrive(self, producer, gradient, kind=None, stock_view=False):
         if gradient is None:
             self.arrivals.append(Arrival(producer, kind or "none"))
             return
@@ -120,7 +123,7 @@ class Slot:
             self.first_address = _address(gradient)
         if self.grad_bytes is None:
             self.grad_bytes = gradient.numel() * gradient.element_size()
-        self.arrivals.append(Arrival(producer, "gradient", storage_bytes(gradient)))
+        self.arrivals.append(Arrival(producer, "gradient", storage_bytes(gradient), stock_view))
 
     @property
     def out_of_place(self):
@@ -195,6 +198,7 @@ class Backward:
         if not entries:
             return
         argument_slots = _argument_slots(ctx, len(returned))
+        stock_view = getattr(getattr(ctx, "_forward_cls", None), "stock_gradient_is_view", None)
         with self.lock:
             used = set()
             for j, edge in enumerate(argument_slots):
@@ -208,7 +212,8 @@ class Backward:
                     if gradient is None and written.get(j):
                         slot.arrive(index, None, kind="fused")
                     else:
-                        slot.arrive(index, gradient)
+                        slot.arrive(index, gradient,
+                                    stock_view=bool(stock_view and gradient is not None and stock_view(ctx, j)))
                     break
 
     def finish(self):

@@ -12,15 +12,20 @@ __all__ = ["AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice", "Dr
 class ProducerAdvice:
     """One producer of a slot: the op (autograd node) or custom Function
     whose backward returns a gradient for it, the module that made it
-    (``path#call`` when the module ran several times), and the drop-in that
-    would fuse it into the slot's buffer (None: none would)."""
+    (``path#call`` when the module ran several times) and its class, the
+    drop-in that would fuse it into the slot's buffer (None: none would),
+    and what that drop-in's fused path still allocates at each add
+    (``residual``: one row of a ``FusedEmbedding`` with ``padding_idx``)."""
 
     op: str
     module: str | None = None
     drop_in: str | None = None
+    stock: str | None = None  # the module's class
+    residual: int = 0  # bytes the drop-in's fused path still allocates at each add
 
     def as_dict(self):
-        return {"op": self.op, "module": self.module, "drop_in": self.drop_in}
+        return {"op": self.op, "module": self.module, "stock": self.stock, "drop_in": self.drop_in,
+                "residual_bytes": self.residual}
 
 
 @dataclass
@@ -115,7 +120,14 @@ def account(slot, arrivals, out_of_place, create_graph):
     producer that has one fuses wherever the buffer is exposed (the same
     rule); the first gradient, if a drop-in returns it, is a fresh tensor,
     so no sum out of place is needed at all. Under ``create_graph=True``
-    nothing is exposed.
+    nothing is exposed. Each fused add saves the gradient less the drop-in's
+    ``residual``.
+
+    ``avoided_bytes`` counts the same two things where the drop-ins ran: the
+    gradients fused producers did not return, and the sum the engine did not
+    make because a drop-in's gradient came first where the stock module's
+    would have been a view. So the promise before ``fuse()`` is what the
+    fused step reports as avoided.
     """
     given = [a for a in arrivals if a.kind != "none"]
     later = given[1:]
@@ -124,7 +136,10 @@ def account(slot, arrivals, out_of_place, create_graph):
     slot.summed_out_of_place = int(bool(out_of_place and slot.temporaries))
     slot.temporary_bytes = (sum(a.bytes for a in later if a.kind == "gradient")
                             + slot.summed_out_of_place * slot.grad_bytes)
-    slot.avoided_bytes = slot.fused * slot.grad_bytes
+    slot.avoided_bytes = sum(max(slot.grad_bytes - slot.producers[a.producer].residual, 0)
+                             for a in given if a.kind == "fused")
+    if later and given[0].stock_view and not slot.summed_out_of_place:
+        slot.avoided_bytes += slot.grad_bytes
     savings = []
     if not given or create_graph or given[0].kind != "gradient":
         return savings
@@ -140,9 +155,10 @@ def account(slot, arrivals, out_of_place, create_graph):
             # drop-in's first gradient is its own tensor, added to in place.
             savings.append((given[0].producer, slot.grad_bytes))
             saved += slot.grad_bytes
-        if exposable and slot.producers[a.producer].drop_in is not None:
-            savings.append((a.producer, a.bytes))
-            saved += a.bytes
+        producer = slot.producers[a.producer]
+        if exposable and producer.drop_in is not None:
+            savings.append((a.producer, max(a.bytes - producer.residual, 0)))
+            saved += savings[-1][1]
         events.append(saved)
         exposable = True  # after this add the buffer is the engine's own
     slot.avoidable_bytes = sum(b for _, b in savings)
