@@ -43,6 +43,9 @@ oldest=${releases[0]}
 matrix_releases=("${releases[@]}")
 if [ -n "${TORCH_CTXEXT_RELEASES:-}" ]; then read -ra matrix_releases <<<"$TORCH_CTXEXT_RELEASES"; fi
 test_deps=(numpy pytest hypothesis expecttest ninja "setuptools>=70,<82" wheel)
+# Test-only: the real architectures of test/test_advise_transformers.py, in
+# the $main venv and native 2.15's (never a dependency of the package).
+model_test_deps=("transformers==5.23.0")
 mkdir -p "$cache"
 export TORCH_CTXEXT_CACHE=$cache  # the venvs' builds go to $cache/builds
 out=$(mktemp -d /tmp/torch_ctxext-run.XXXXXX)
@@ -121,6 +124,9 @@ venv_create() {  # venv_create VERSION: a venv with that torch and the test tool
         env $(pip_env "$version") "$dir/bin/python" -m pip install -q "torch==$version"
     fi
     env $(pip_env "$version") "$dir/bin/python" -m pip install -q "${test_deps[@]}"
+    if [ "$version" = "$main" ] || [ "$version" = "$reference" ]; then
+        env $(pip_env "$version") "$dir/bin/python" -m pip install -q "${model_test_deps[@]}"
+    fi
 }
 
 # Creating a venv is mostly download and unpacking, building torch_ctxext is
@@ -243,7 +249,7 @@ test)
     # the same tests must pass there.
     PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
         --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py" \
-        "$root/test/test_advise_models.py" "$root/test/test_nn.py"
+        "$root/test/test_advise_models.py" "$root/test/test_nn.py" "$root/test/test_advise_transformers.py"
     echo "== documentation site (warnings are errors)"
     build_docs
     echo "== test: $(( $(date +%s) - start )) s"
