@@ -105,6 +105,7 @@ docs_venv() {  # torch $main (2.13.0) + torch_ctxext + the documentation tools
         env $(pip_env "$main") "$dir/bin/python" -m pip install -q "torch==$main" >&2
     fi
     env $(pip_env "$main") "$dir/bin/python" -m pip install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
+    env $(pip_env "$main") "$dir/bin/python" -m pip install -q "${model_test_deps[@]}" >&2  # the benchmarks' real models
     install_torch_ctxext "$dir"
     echo "$dir"
 }
