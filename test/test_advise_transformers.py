@@ -32,6 +32,8 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from transformers_models import MODELS, NEEDS_TRANSFORMERS  # noqa: E402
 from where_fusing_pays import report_of  # noqa: E402
 
+from torch_ctxext._advise.table import fmt_bytes  # noqa: E402
+
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 MISSING = "transformers is not installed (a test-only dependency: tools/run.sh installs it for CI)"
 
@@ -189,3 +191,39 @@ def test_fuse_never_imports_transformers():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT] + sys.path)})
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["stock", "fused"])
+@pytest.mark.parametrize("name", models())
+def test_the_report_reads_at_a_glance(name, fused):
+    """At most 100 columns; a "do this" line with the total and the drop-ins
+    by kind; the tensors that save most first; the tensors nothing saves
+    folded into one line naming the module classes without a drop-in; and
+    as_dict() keeps every tensor."""
+    report = report_of(MODELS[name](), fused=fused)
+    text = str(report)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    data = report.as_dict()
+    assert len(data["slots"]) == len(report.slots)
+    if not fused:
+        kinds = {}
+        for d in data["drop_ins"]:
+            if d["avoidable_bytes"]:
+                kinds[d["drop_in"]] = kinds.get(d["drop_in"], 0) + 1
+        do_this = " ".join(text.split("do this: ", 1)[1].split("\n\n")[0].split())
+        do_this = "do this: " + do_this
+        assert do_this.startswith(f"do this: torch_ctxext.nn.fuse(model) saves "
+                                  f"{fmt_bytes(report.avoidable_bytes)} per step: ")
+        assert sorted(do_this.split(": ", 2)[2].split(", ")) == sorted(f"{n} x {k}" for k, n in kinds.items())
+    saved = [s.avoidable_bytes + s.avoided_bytes for s in report.slots]
+    assert saved == sorted(saved, reverse=True)
+    nothing = [s for s in report.slots if not (s.avoidable_bytes or s.avoided_bytes)]
+    if nothing:
+        folded = " ".join(line.strip() for line in text.split(f"+ {len(nothing)} tensor", 1)[1].split("\n\n")[0]
+                          .splitlines())
+        classes = {p.stock for s in nothing for p in s.producers if p.stock and not p.drop_in
+                   and not p.stock.startswith("Fused")}
+        for cls in classes:
+            assert cls in folded
+    # Nothing says "-" for a module without a drop-in: it is named.
+    assert "Conv1D" not in " ".join(line for line in text.splitlines() if "no drop-in for" in line)

@@ -1,9 +1,8 @@
 """What ``with torch_ctxext.advise(model) as report`` collected, as a table and as plain data."""
-import collections
-import re
 from dataclasses import dataclass, field
 
 from .._explain import FunctionBufferStats
+from .table import natural, render
 
 __all__ = ["AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice", "DropInAdvice", "account"]
 
@@ -166,36 +165,12 @@ def account(slot, arrivals, out_of_place, create_graph):
     return savings
 
 
-def _count(n, noun):
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def _natural(name):
-    """Sort key: "cell#2" before "cell#10"."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def fmt_bytes(n):
-    if n < 1024:
-        return f"{n} B"
-    if n < 1024 ** 2:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n / 1024 ** 2:.2f} MiB"
-
-
-def _producers_summary(producers):
-    groups = collections.Counter()
-    for p in producers:
-        module = p.module.split("#")[0] if p.module else None
-        groups[(p.op, module)] += 1
-    return ", ".join(f"{n} x {op}" + (f" in {module}" if module else "")
-                     for (op, module), n in groups.items())
-
-
 class AdviceReport:
     """What ``with torch_ctxext.advise(model) as report:`` saw.
 
-    ``print(report)`` is a table, largest possible saving first;
+    ``print(report)`` is a table of at most 100 columns, largest saving
+    first, with a "do this" line and the tensors nothing saves folded into
+    one line (``report.table(width=None)``: uncut);
     ``report.as_dict()`` the same as plain, JSON-serialisable data;
     ``report[name]`` a slot by its name (``"encoder.fc1.weight"``).
     """
@@ -211,7 +186,7 @@ class AdviceReport:
     @property
     def slots(self):
         return sorted(self._slots.values(),
-                      key=lambda s: (-s.avoidable_bytes, -s.temporary_bytes, _natural(s.name)))
+                      key=lambda s: (-s.avoidable_bytes - s.avoided_bytes, -s.temporary_bytes, natural(s.name)))
 
     def __getitem__(self, name):
         return self._slots[name]
@@ -276,39 +251,11 @@ class AdviceReport:
     def _drop_ins_sorted(self):
         return sorted(self.drop_ins.values(), key=lambda d: (-d.avoidable_bytes, d.module))
 
+    def table(self, width=100):
+        """The report as text, lines cut at ``width`` columns (None: not cut)."""
+        return render(self, width)
+
     def __str__(self):
-        slots = self.slots
-        temporaries = sum(s.temporaries + s.summed_out_of_place for s in slots)
-        lines = [
-            f"torch_ctxext.advise: {_count(self.backwards, 'backward')}; {_count(len(slots), 'tensor')} "
-            "received more than one gradient",
-            f"  temporaries allocated to accumulate them: {_count(temporaries, 'gradient')}, "
-            f"{fmt_bytes(self.temporary_bytes)}",
-            f"  fusing avoided {fmt_bytes(self.avoided_bytes)}; the drop-ins would save "
-            f"{fmt_bytes(self.avoidable_bytes)} more (at most {fmt_bytes(self.avoidable_peak_bytes)} "
-            "of it at one time)",
-        ]
-        if slots:
-            rows = [("could save", "temporaries (+ sums)", "gradient", "fused", "tensor <- producers")]
-            for s in slots:
-                temps = f"{s.temporaries}" + (f" + {s.summed_out_of_place} sum" if s.summed_out_of_place else "")
-                name = s.name + (f" (tied: {', '.join(s.tied)})" if s.tied else "")
-                rows.append((fmt_bytes(s.avoidable_bytes) if s.avoidable_bytes else "-",
-                             f"{temps}, {fmt_bytes(s.temporary_bytes)}", fmt_bytes(s.grad_bytes),
-                             str(s.fused), f"{name} <- {_producers_summary(s.producers)}"))
-            widths = [max(len(r[i]) for r in rows) for i in range(4)]
-            lines.append("")
-            lines += ["  " + "  ".join([r[i].rjust(widths[i]) for i in range(4)] + [r[4]]) for r in rows]
-        if self.drop_ins:
-            lines += ["", "drop-ins (torch_ctxext.nn.fuse(model) swaps them all in):"]
-            for d in self._drop_ins_sorted():
-                lines.append(f"  {d.module}: {d.stock} -> torch_ctxext.nn.{d.drop_in}, saves "
-                             f"{fmt_bytes(d.avoidable_bytes)} ({', '.join(d.slots)})")
-        if self.functions:
-            lines += ["", "custom Functions that read ctx.input_grad_buffers:"]
-            lines += [f"  {f}" for _, f in sorted(self.functions.items())]
-        if self.notes:
-            lines += [""] + [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return self.table()
 
     __repr__ = __str__
