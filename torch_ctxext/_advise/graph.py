@@ -51,6 +51,11 @@ def storage_bytes(t):
     if t.numel() == 0:
         return 0
     try:
+        if t.is_contiguous():  # the common case, without a loop in Python
+            return t.numel() * t.element_size()
+    except Exception:
+        pass
+    try:
         span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
     except Exception:  # a subclass or layout without strides
         span = t.numel()
