@@ -96,6 +96,75 @@ def summary(results):
     return lines
 
 
+def plot(results, path, plt, colors, side_names):
+    """Predicted (the stock report's promise) against measured (the
+    allocations' drop) per model and side, on the diagonal where they agree;
+    and the step time ratios (advise's cost, the fused step)."""
+    rows = results["rows"]
+    ss = bench_advise.sides(results)
+    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(12, 4.4), gridspec_kw={"width_ratios": [1, 1.3]})
+    top = 0
+    for s, marker in zip(ss, ("o", "x")):
+        xs = [r[s]["predicted"]["avoidable_bytes"] / 2**20 for r in rows]
+        ys = [bench_advise.drops(r[s])[0] / 2**20 for r in rows]
+        top = max([top, *xs, *ys])
+        ax_mem.scatter(xs, ys, marker=marker, color=colors[s], label=side_names[s], zorder=3)
+        if s == ss[0]:
+            for x, y, r in zip(xs, ys, rows):
+                ax_mem.annotate(r["model"], (x, y), fontsize=7, xytext=(4, -10), textcoords="offset points")
+    ax_mem.plot([0, top * 1.05], [0, top * 1.05], color="black", lw=0.8, label="measured = predicted")
+    ax_mem.set_xlabel("predicted: advise's avoidable MiB (stock step)")
+    ax_mem.set_ylabel("measured: the backward's allocations drop, MiB")
+    ax_mem.set_title("fuse(model) on the real models: predicted against measured", fontsize=9)
+    ax_mem.legend(fontsize=7)
+    keys = [(s, k) for s in ss for k in ("advised/stock", "fused/stock")]
+    width = 0.8 / len(keys)
+    for i, (s, k) in enumerate(keys):
+        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(rows))]
+        vals = [r[s][k]["ratio"] for r in rows]
+        err = [[v - min(r[s][k]["min"], v) for v, r in zip(vals, rows)],
+               [max(r[s][k]["max"], v) - v for v, r in zip(vals, rows)]]
+        ax_time.bar(xs, vals, width, yerr=err, capsize=2, color=colors[s],
+                    alpha=1.0 if k == "fused/stock" else 0.45, label=f"{side_names[s]}: {k}")
+    ax_time.axhline(1.0, color="black", lw=0.8)
+    ax_time.axhline(1.05, color="grey", lw=0.8, ls="--")
+    ax_time.set_xticks(range(len(rows)))
+    ax_time.set_xticklabels([r["model"] for r in rows], fontsize=8)
+    ax_time.set_ylabel("training step time ratio")
+    ax_time.set_title("Step time inside advise() and fused, over stock (bars: range; dashed: 1.05)",
+                      fontsize=9)
+    ax_time.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def section(results, figure):
+    """The benchmarks page's section (Markdown)."""
+    import page_models
+
+    return "\n".join([
+        "## Where fusing pays on the models people train",
+        "",
+        page_models._measured_by(bench_advise, "advise_models", results).replace(
+            "bench_advise.py", "bench_advise_models.py"),
+        "",
+        "Sizes: " + "; ".join(f"{m} " + ", ".join(f"{k} {v}" for k, v in sizes.items())
+                             for m, sizes in PLANS["quick" if results["quick"] else "full"]["sizes"].items()),
+        "",
+        f"![advise()'s promise against fuse(model)'s measured saving, real models]({figure})",
+        "",
+        "Promised (the stock step's report), avoided (the fused step's report), the backward's "
+        "allocations' measured drop, the peak bound and the step's peak, and the step times (ms: "
+        "median over rounds of each variant's fastest; ratios: median and range over rounds):",
+        "",
+        table(results),
+        "",
+        __doc__.split("\n\n", 2)[2].strip(),
+        "",
+    ])
+
+
 if __name__ == "__main__":
     import json
     import sys

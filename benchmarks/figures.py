@@ -8,6 +8,7 @@ import os
 import sys
 
 import bench_advise
+import bench_advise_models
 import bench_model
 from bench import SIDE_NAMES
 
@@ -18,6 +19,7 @@ FIGURES = {
     "memory": "bench_fused_memory.png",
     "model": "bench_model.png",
     "advise": "bench_advise.png",
+    "advise_models": "bench_advise_models.png",
 }
 COLORS = {"backport": "#1f77b4", "native": "#ff7f0e"}
 
@@ -254,3 +256,6 @@ def draw(results, out):
         plot_model(results["model"], os.path.join(out, IMG, FIGURES["model"]), plt)
     if "advise" in results:
         plot_advise(results["advise"], os.path.join(out, IMG, FIGURES["advise"]), plt)
+    if "advise_models" in results:
+        bench_advise_models.plot(results["advise_models"], os.path.join(out, IMG, FIGURES["advise_models"]), plt,
+                                 COLORS, SIDE_NAMES)

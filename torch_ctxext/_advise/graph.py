@@ -119,12 +119,14 @@ class Slot:
         self.arrivals = []
         self.first_address = None
         self.final_address = None
+        self._given = False  # a gradient has arrived
 
     def arrive(self, producer, gradient, kind=None, stock_view=False):
         if gradient is None:
             self.arrivals.append(Arrival(producer, kind or "none"))
             return
-        if self.first_address is None and not any(a.kind == "gradient" for a in self.arrivals):
+        if not self._given:
+            self._given = True
             self.first_address = _address(gradient)
         if self.grad_bytes is None:
             self.grad_bytes = gradient.numel() * gradient.element_size()
