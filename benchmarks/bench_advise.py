@@ -94,26 +94,33 @@ def _max_difference(a, b):
     return max(float((a[n] - b[n]).abs().max()) for n in a)
 
 
+def allocations(workload):
+    """The bytes the CPU allocator hands out in one backward of the workload,
+    and the peak of one whole step above what was live before it, after two
+    warm-up steps (first-call allocations, the bias's cached ones)."""
+    for _ in range(2):
+        workload.model.zero_grad(set_to_none=True)
+        workload.loss().backward()
+    # The backward alone: every allocation it makes.
+    workload.model.zero_grad(set_to_none=True)
+    loss = workload.loss()
+    backward = bench.backward_peak_bytes(loss.backward)
+    # The whole step: the peak, exact (every block freed in it was allocated
+    # in it; the last step's gradients are freed before).
+    workload.model.zero_grad(set_to_none=True)
+    del loss
+    step = bench.backward_peak_bytes(lambda: workload.loss().backward())
+    return backward["allocated_bytes"], step["peak_bytes"]
+
+
 def measure_advise_memory(model, sizes, registry="where_fusing_pays"):
     """The prediction, and the stock and fused backwards' allocations on the CPU."""
     result = {"predicted": _prediction(model, sizes, registry=registry), "memory": {}}
     grads = {}
     for variant in ("stock", "fused"):
         workload = _workload(model, sizes, variant == "fused", registry=registry)
-        for _ in range(2):  # warm-up: first-call allocations
-            workload.model.zero_grad(set_to_none=True)
-            workload.loss().backward()
-        # The backward alone: every allocation it makes.
-        workload.model.zero_grad(set_to_none=True)
-        loss = workload.loss()
-        backward = bench.backward_peak_bytes(loss.backward)
-        # The whole step: the peak, exact (every block freed in it was
-        # allocated in it; the last step's gradients are freed before).
-        workload.model.zero_grad(set_to_none=True)
-        del loss
-        step = bench.backward_peak_bytes(lambda: workload.loss().backward())
-        result["memory"][variant] = {"allocated_bytes": backward["allocated_bytes"],
-                                     "peak_bytes": step["peak_bytes"]}
+        allocated, peak = allocations(workload)
+        result["memory"][variant] = {"allocated_bytes": allocated, "peak_bytes": peak}
         grads[variant] = {n: p.grad for n, p in workload.model.named_parameters()}
     result["max_grad_difference"] = _max_difference(grads["stock"], grads["fused"])
     return result

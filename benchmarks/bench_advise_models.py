@@ -27,24 +27,19 @@ import bench_advise
 
 # Sizes at which the step's work is a real job's shape (hundreds of tokens
 # per step, 256-wide), on one CPU thread.
-SIZES = {
-    "gpt2": {"vocab": 4000, "dim": 256, "layers": 2, "heads": 4, "batch": 4, "seq": 128},
-    "gpt2-micro": {"vocab": 4000, "dim": 256, "layers": 2, "heads": 4, "batch": 2, "seq": 128},
-    "bert": {"vocab": 4000, "dim": 256, "layers": 2, "heads": 4, "batch": 4, "seq": 128},
-    "albert": {"vocab": 4000, "dim": 256, "layers": 4, "heads": 4, "batch": 4, "seq": 128},
-    "t5": {"vocab": 4000, "dim": 256, "layers": 2, "heads": 4, "batch": 4, "seq": 128},
-    "llama": {"vocab": 4000, "dim": 256, "layers": 2, "heads": 4, "batch": 4, "seq": 128},
-    "lstm-cell": {"features": 128, "hidden": 256, "steps": 32, "batch": 32},
-}
-SIZES_QUICK = {
-    "gpt2": {"vocab": 256, "dim": 64, "layers": 2, "heads": 2, "batch": 2, "seq": 16},
-    "gpt2-micro": {"vocab": 256, "dim": 64, "layers": 2, "heads": 2, "batch": 2, "seq": 16},
-    "bert": {"vocab": 256, "dim": 64, "layers": 2, "heads": 2, "batch": 2, "seq": 16},
-    "albert": {"vocab": 256, "dim": 64, "layers": 2, "heads": 2, "batch": 2, "seq": 16},
-    "t5": {"vocab": 256, "dim": 64, "layers": 2, "heads": 2, "batch": 2, "seq": 16},
-    "llama": {"vocab": 256, "dim": 64, "layers": 2, "heads": 2, "batch": 2, "seq": 16},
-    "lstm-cell": {"features": 32, "hidden": 64, "steps": 32, "batch": 4},
-}
+def _sizes(vocab, dim, heads, batch, seq, steps_batch):
+    """The transformers models at one size (ALBERT twice as deep: its layer is
+    shared; GPT-2's micro-batches each half the batch), and the LSTMCell."""
+    lm = {"vocab": vocab, "dim": dim, "layers": 2, "heads": heads, "batch": batch, "seq": seq}
+    sizes = {m: dict(lm) for m in ("gpt2", "gpt2-micro", "bert", "albert", "t5", "llama")}
+    sizes["albert"]["layers"] = 4
+    sizes["gpt2-micro"]["batch"] = max(batch // 2, 1)
+    sizes["lstm-cell"] = {"features": dim // 2, "hidden": dim, "steps": 32, "batch": steps_batch}
+    return sizes
+
+
+SIZES = _sizes(vocab=4000, dim=256, heads=4, batch=4, seq=128, steps_batch=32)
+SIZES_QUICK = _sizes(vocab=256, dim=64, heads=2, batch=2, seq=16, steps_batch=4)
 PLANS = {
     "full": {"rounds": 8, "repeats": 5, "sizes": SIZES},
     "quick": {"rounds": 2, "repeats": 2, "sizes": SIZES_QUICK},
@@ -94,49 +89,6 @@ def summary(results):
             f"takes {min(advised):.2f} to {max(advised):.2f} of one without it; fuse(model)'s step "
             f"{min(fused):.2f} to {max(fused):.2f} of the stock modules'")
     return lines
-
-
-def plot(results, path, plt, colors, side_names):
-    """Predicted (the stock report's promise) against measured (the
-    allocations' drop) per model and side, on the diagonal where they agree;
-    and the step time ratios (advise's cost, the fused step)."""
-    rows = results["rows"]
-    ss = bench_advise.sides(results)
-    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(12, 4.4), gridspec_kw={"width_ratios": [1, 1.3]})
-    top = 0
-    for s, marker in zip(ss, ("o", "x")):
-        xs = [r[s]["predicted"]["avoidable_bytes"] / 2**20 for r in rows]
-        ys = [bench_advise.drops(r[s])[0] / 2**20 for r in rows]
-        top = max([top, *xs, *ys])
-        ax_mem.scatter(xs, ys, marker=marker, color=colors[s], label=side_names[s], zorder=3)
-        if s == ss[0]:
-            for x, y, r in zip(xs, ys, rows):
-                ax_mem.annotate(r["model"], (x, y), fontsize=7, xytext=(4, -10), textcoords="offset points")
-    ax_mem.plot([0, top * 1.05], [0, top * 1.05], color="black", lw=0.8, label="measured = predicted")
-    ax_mem.set_xlabel("predicted: advise's avoidable MiB (stock step)")
-    ax_mem.set_ylabel("measured: the backward's allocations drop, MiB")
-    ax_mem.set_title("fuse(model) on the real models: predicted against measured", fontsize=9)
-    ax_mem.legend(fontsize=7)
-    keys = [(s, k) for s in ss for k in ("advised/stock", "fused/stock")]
-    width = 0.8 / len(keys)
-    for i, (s, k) in enumerate(keys):
-        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(rows))]
-        vals = [r[s][k]["ratio"] for r in rows]
-        err = [[v - min(r[s][k]["min"], v) for v, r in zip(vals, rows)],
-               [max(r[s][k]["max"], v) - v for v, r in zip(vals, rows)]]
-        ax_time.bar(xs, vals, width, yerr=err, capsize=2, color=colors[s],
-                    alpha=1.0 if k == "fused/stock" else 0.45, label=f"{side_names[s]}: {k}")
-    ax_time.axhline(1.0, color="black", lw=0.8)
-    ax_time.axhline(1.05, color="grey", lw=0.8, ls="--")
-    ax_time.set_xticks(range(len(rows)))
-    ax_time.set_xticklabels([r["model"] for r in rows], fontsize=8)
-    ax_time.set_ylabel("training step time ratio")
-    ax_time.set_title("Step time inside advise() and fused, over stock (bars: range; dashed: 1.05)",
-                      fontsize=9)
-    ax_time.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
 
 
 def section(results, figure):

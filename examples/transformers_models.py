@@ -1,6 +1,6 @@
 """The architectures people train, from ``transformers`` configs at small sizes, and their advice.
 
-    HF_HUB_OFFLINE=1 python examples/transformers_models.py [--fused] [--width N] [MODEL ...]
+    python examples/transformers_models.py [--fused] [MODEL ...]
 
 prints what ``torch_ctxext.advise(model)`` reports over one training step
 of each model (``--fused``: after ``torch_ctxext.nn.fuse(model)``); the page
@@ -125,21 +125,9 @@ NEEDS_TRANSFORMERS = {"gpt2", "gpt2-micro", "bert", "albert", "t5", "llama"}
 
 
 def main(argv=None):
-    from where_fusing_pays import report_of
+    import where_fusing_pays
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fused", action="store_true", help="swap the drop-ins in first (torch_ctxext.nn.fuse)")
-    parser.add_argument("models", nargs="*", metavar="MODEL", help=f"any of {', '.join(MODELS)} (default: all)")
-    args = parser.parse_args(argv)
-    unknown = [m for m in args.models if m not in MODELS]
-    if unknown:
-        parser.error(f"unknown model {unknown[0]!r}: choose from {', '.join(MODELS)}")
-    for i, name in enumerate(args.models or MODELS):
-        if i:
-            print()
-        print(f"$ python examples/transformers_models.py {'--fused ' if args.fused else ''}{name}")
-        print(report_of(MODELS[name](), fused=args.fused))
-    return 0
+    return where_fusing_pays.main(argv, MODELS, "examples/transformers_models.py", __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

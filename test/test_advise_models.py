@@ -200,20 +200,10 @@ def test_after_fuse_each_later_producer_adds_into_the_buffer_and_nothing_is_left
 
 def measured(workload):
     """Bytes the CPU allocator handed out during one backward, and the peak
-    of one whole step above what was live before it (benchmarks/bench.py's
-    method: the profiler's allocation events)."""
-    import bench
+    of one whole step (benchmarks/bench_advise.py's method)."""
+    import bench_advise
 
-    for _ in range(2):  # warm up: first-call allocations
-        workload.model.zero_grad(set_to_none=True)
-        workload.loss().backward()
-    workload.model.zero_grad(set_to_none=True)
-    loss = workload.loss()
-    allocated = bench.backward_peak_bytes(loss.backward)["allocated_bytes"]
-    workload.model.zero_grad(set_to_none=True)
-    del loss
-    peak = bench.backward_peak_bytes(lambda: workload.loss().backward())["peak_bytes"]
-    return allocated, peak
+    return bench_advise.allocations(workload)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -131,19 +131,10 @@ def test_fuse_keeps_the_parameters_ties_and_state_dict_and_computes_the_same_ste
 
 def measured(workload):
     """Bytes the CPU allocator handed out during one backward, and the peak
-    of one whole step (benchmarks/bench.py's method)."""
-    import bench
+    of one whole step (benchmarks/bench_advise.py's method)."""
+    import bench_advise
 
-    for _ in range(2):  # first-call allocations (and the bias's cached ones)
-        workload.model.zero_grad(set_to_none=True)
-        workload.loss().backward()
-    workload.model.zero_grad(set_to_none=True)
-    loss = workload.loss()
-    allocated = bench.backward_peak_bytes(loss.backward)["allocated_bytes"]
-    workload.model.zero_grad(set_to_none=True)
-    del loss
-    peak = bench.backward_peak_bytes(lambda: workload.loss().backward())["peak_bytes"]
-    return allocated, peak
+    return bench_advise.allocations(workload)
 
 
 def savings(report, key):
@@ -205,6 +196,9 @@ def test_the_report_reads_at_a_glance(name, fused):
     assert max(len(line) for line in text.splitlines()) <= 100
     data = report.as_dict()
     assert len(data["slots"]) == len(report.slots)
+    # Uncut, the table names every tensor that saves, in full.
+    full = report.table(width=None)
+    assert all(s.name in full for s in report.slots if s.avoidable_bytes or s.avoided_bytes)
     if not fused:
         kinds = {}
         for d in data["drop_ins"]:

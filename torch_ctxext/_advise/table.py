@@ -143,8 +143,9 @@ def render(report, width=100):
                          + " (report.as_dict()['slots'])")
     if folded:
         classes = _without_drop_in(folded)
-        text = (f"+ {count(len(folded), 'tensor')} that no drop-in saves ({fmt_bytes(sum(s.temporary_bytes for s in folded))} "
-                "of temporaries)" + (f": no drop-in for {', '.join(classes)}" if classes else ""))
+        temporary = fmt_bytes(sum(s.temporary_bytes for s in folded))
+        text = (f"+ {count(len(folded), 'tensor')} that no drop-in saves ({temporary} of temporaries)"
+                + (f": no drop-in for {', '.join(classes)}" if classes else ""))
         lines.append("")
         lines += textwrap.wrap(text, width=width or 10 ** 6, initial_indent="  ", subsequent_indent="    ")
     if report.drop_ins:

@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-__all__ = ["as_matrix", "input_grad", "weight_grad", "bias_grad"]
+__all__ = ["as_matrix", "input_grad", "weight_grad", "bias_grad", "backward"]
 
 _ones = {}  # (device, dtype) -> a vector of ones, grown as needed, never shrunk
 _ones_lock = threading.Lock()
@@ -64,3 +64,24 @@ def bias_grad(g, b_buf):
         b_buf.addmv_(g.t(), ones(g.shape[0], g))
         return None
     return g.sum(0)
+
+
+def backward(ctx, grad_out, buffers, stored_out_in):
+    """The three gradients of ``y = x @ W (+ b)`` from the saved ``x`` and
+    ``weight``: ``stored_out_in`` for a weight stored ``out x in``
+    (``nn.Linear``), else ``in x out`` (``Conv1D``). ``buffers``: the
+    entries of ``ctx.input_grad_buffers`` for x, weight and bias."""
+    x, weight = ctx.saved_tensors
+    x_buf, w_buf, b_buf = buffers
+    g = as_matrix(grad_out)
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        w_x = weight.to(x.dtype)
+        grad_x = input_grad(g.to(x.dtype), w_x if stored_out_in else w_x.t(), x, x_buf)
+    if ctx.needs_input_grad[1]:
+        x2 = as_matrix(x).to(g.dtype)
+        a, b = (g.t(), x2) if stored_out_in else (x2.t(), g)
+        grad_w = weight_grad(a, b, w_buf, weight.dtype)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_b = bias_grad(g, b_buf)
+    return grad_x, grad_w, grad_b, None

@@ -28,7 +28,7 @@ import sys
 import torch
 
 from ._buffers import readable_buffers
-from ._matmul import as_matrix, bias_grad, input_grad, weight_grad
+from ._matmul import backward as matmul_backward
 
 __all__ = ["FusedConv1DFunction", "conv1d_drop_in", "is_conv1d"]
 
@@ -49,6 +49,7 @@ class FusedConv1DFunction(torch.autograd.Function):
         out = torch.addmm(bias, x.view(-1, x.size(-1)), weight).view(size_out)
         ctx.save_for_backward(x, weight)
         ctx.fuse = fuse
+        ctx.has_bias = True
         if out.dtype != weight.dtype:
             ctx.set_output_grad_dtype(weight.dtype)
         return out
@@ -63,17 +64,7 @@ class FusedConv1DFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        x_buf, w_buf, b_buf, _ = readable_buffers(ctx, ctx.fuse)
-        g = as_matrix(grad_out)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = input_grad(g.to(x.dtype), weight.to(x.dtype).t(), x, x_buf)
-        if ctx.needs_input_grad[1]:
-            grad_w = weight_grad(as_matrix(x).to(g.dtype).t(), g, w_buf, weight.dtype)
-        if ctx.needs_input_grad[2]:
-            grad_b = bias_grad(g, b_buf)
-        return grad_x, grad_w, grad_b, None
+        return matmul_backward(ctx, grad_out, readable_buffers(ctx, ctx.fuse)[:3], stored_out_in=False)
 
 
 def _stock():

@@ -13,10 +13,12 @@ returns (``aten.embedding_dense_backward``, bit for bit).
 
 ``padding_idx``, ``scale_grad_by_freq`` and ``max_norm`` behave as in
 ``nn.Embedding``. With ``padding_idx`` the fused path adds every row and
-then restores the padding row of the buffer (it allocates that one row,
-``embedding_dim`` elements, which ``advise`` counts), never a copy of the
-output gradient; with ``scale_grad_by_freq`` it divides a copy of the output
-gradient by each row's count (``tokens x embedding_dim``, counted too); a ``sparse=True`` embedding runs the stock lookup (its
+then puts the padding row of the buffer back as it was: it allocates that
+one row (``embedding_dim`` elements, which ``advise`` takes off the saving
+it promises), never a copy of the output gradient. With
+``scale_grad_by_freq`` it divides a copy of the output gradient by each
+row's count (``tokens x embedding_dim``, which ``advise`` does not count). A
+``sparse=True`` embedding runs the stock lookup (its
 gradient is sparse: there is no dense buffer to add into). Whether the
 buffer is exposed depends on what the earlier producer left in it: the
 transposed gradient of a functional ``F.linear(h, embedding.weight)`` is a

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from ._buffers import readable_buffers
-from ._matmul import as_matrix, bias_grad, input_grad, weight_grad
+from ._matmul import backward as matmul_backward
 
 __all__ = ["FusedLinear", "FusedLinearFunction"]
 
@@ -85,17 +85,7 @@ class FusedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        x_buf, w_buf, b_buf, _ = readable_buffers(ctx, ctx.fuse)
-        g = as_matrix(grad_out)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = input_grad(g.to(x.dtype), weight.to(x.dtype), x, x_buf)
-        if ctx.needs_input_grad[1]:
-            grad_w = weight_grad(g.t(), as_matrix(x).to(g.dtype), w_buf, weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = bias_grad(g, b_buf)
-        return grad_x, grad_w, grad_b, None
+        return matmul_backward(ctx, grad_out, readable_buffers(ctx, ctx.fuse)[:3], stored_out_in=True)
 
 
 class FusedLinear(torch.nn.Linear):
