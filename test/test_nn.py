@@ -5,6 +5,7 @@ FusedLinear's own tests: test_examples.py (examples/fused_linear.py
 re-exports it) and the training stacks (test_training_stacks.py)."""
 import copy
 import importlib.util
+import pickle
 import os
 import sys
 
@@ -313,3 +314,6 @@ def test_fused_conv1d_is_a_conv1d_with_its_forward_bit_for_bit_and_its_gradients
     for (name, a), (_, b) in zip(stock.named_parameters(), fused.named_parameters()):
         torch.testing.assert_close(b.grad, a.grad, msg=name)
     fused.load_state_dict(stock.state_dict())
+    # Saved whole (torch.save pickles the class by its name) and loaded back.
+    again = pickle.loads(pickle.dumps(fused))
+    assert type(again) is FusedConv1D and torch.equal(again.weight, fused.weight)
