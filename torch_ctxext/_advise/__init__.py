@@ -46,8 +46,16 @@ def advise(model=None):
       to the buffer instead, and ``summed_out_of_place``, sums it allocated
       because it could not add in place;
     * ``temporary_bytes``, ``avoided_bytes`` (what fused producers did not
-      allocate) and ``avoidable_bytes`` (what the drop-ins of
-      :mod:`torch_ctxext.nn` would save: ``torch_ctxext.nn.fuse(model)``).
+      allocate, the engine's sum out of place that a drop-in's own first
+      gradient spared included) and ``avoidable_bytes`` (what the drop-ins of
+      :mod:`torch_ctxext.nn` would save: ``torch_ctxext.nn.fuse(model)``);
+      after ``fuse(model)``, the step's ``avoided_bytes`` is what the stock
+      step's report promised, and what its allocations drop by.
+
+    ``print(report)`` fits 100 columns: a "do this" line, the tensors that
+    save most first with their producers' module classes, the tensors no
+    drop-in saves folded into one line naming the module classes without
+    one; ``report.table(width=None)`` uncut, ``report.as_dict()`` all.
 
     For each custom Function that read ``ctx.input_grad_buffers``: reads,
     entries exposed, buffers really written in place (``used``), and why the

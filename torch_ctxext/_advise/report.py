@@ -35,7 +35,10 @@ class SlotAdvice:
     added to the buffer; ``summed_out_of_place``: sums the engine allocated
     because the buffer could not be added to in place (the first gradient
     was a view or shared); ``temporary_bytes`` the bytes of both;
-    ``avoided_bytes`` what the ``fused`` producers did not allocate;
+    ``avoided_bytes`` what the ``fused`` producers did not allocate, and the
+    sum the engine did not make because a drop-in's gradient came first
+    where the stock module's would have been a view (so a fused step's
+    ``avoided_bytes`` is the stock step's ``avoidable_bytes``);
     ``avoidable_bytes`` what the drop-ins would still save, and
     ``avoidable_peak_bytes`` the most of it alive at one time (at one add).
     """
