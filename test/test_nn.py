@@ -317,3 +317,12 @@ def test_fused_conv1d_is_a_conv1d_with_its_forward_bit_for_bit_and_its_gradients
     # Saved whole (torch.save pickles the class by its name) and loaded back.
     again = pickle.loads(pickle.dumps(fused))
     assert type(again) is FusedConv1D and torch.equal(again.weight, fused.weight)
+
+
+def test_the_conv1d_modules_docstring_example_runs_as_written():
+    import doctest
+
+    from torch_ctxext.nn import conv1d
+
+    result = doctest.testmod(conv1d, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
