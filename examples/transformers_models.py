@@ -22,15 +22,13 @@ that two steps are the same computation:
 
 ``MODELS[name](**sizes)`` returns a ``Workload`` (examples/where_fusing_pays.py).
 """
-import argparse
 import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from where_fusing_pays import UnrolledLSTM, Workload, _generator  # noqa: E402
+from where_fusing_pays import Workload, _generator, lstm  # noqa: E402
 
 __all__ = ["MODELS", "NEEDS_TRANSFORMERS", "main"]
 
@@ -110,13 +108,10 @@ def llama(vocab=64, dim=32, layers=2, heads=2, batch=2, seq=8, seed=0):
 
 
 def lstm_cell(features=16, hidden=64, classes=10, steps=32, batch=4, seed=0):
-    torch.manual_seed(seed)
-    model = UnrolledLSTM(features, hidden, classes)
-    gen = _generator(seed)
-    sequence = torch.randn(steps, batch, features, generator=gen)
-    targets = torch.randint(classes, (batch,), generator=gen)
-    return Workload("lstm-cell", model, (sequence, targets),
-                    lambda m, sequence, targets: F.cross_entropy(m(sequence), targets))
+    """where_fusing_pays.py's unrolled cell, twice as wide and twice as long."""
+    workload = lstm(features, hidden, classes, steps, batch, seed)
+    workload.name = "lstm-cell"
+    return workload
 
 
 MODELS = {"gpt2": gpt2, "gpt2-micro": gpt2_micro, "bert": bert, "albert": albert, "t5": t5,
