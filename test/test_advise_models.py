@@ -209,18 +209,18 @@ def measured(workload):
 @pytest.mark.parametrize("name", NAMES)
 def test_fuse_lowers_allocations_by_the_predicted_bytes_and_the_peak_by_at_most_the_predicted_peak(name):
     """The saving advise predicts is the saving fuse(model) makes: the
-    backward allocates avoidable_bytes less, within one gradient. Temporaries
+    backward allocates avoidable_bytes less, within a few bytes per slot (no
+    fused path allocates: not even the bias's row sum). Temporaries
     are freed after each add, so only one add's are alive together: the
     step's peak drops by at most avoidable_peak_bytes, and by that only where
     the peak falls on that add (at these small sizes the activations' peak
     is elsewhere; at benchmarks/bench_advise.py's sizes it drops by
     avoidable_peak_bytes within one gradient)."""
     _, report = advised(name)
-    largest = max(s.grad_bytes for s in report.slots if s.avoidable_bytes)
     fused = MODELS[name]()
     torch_ctxext.nn.fuse(fused.model)
     (stock_allocated, stock_peak), (fused_allocated, fused_peak) = measured(MODELS[name]()), measured(fused)
-    assert abs(stock_allocated - fused_allocated - report.avoidable_bytes) <= largest
+    assert abs(stock_allocated - fused_allocated - report.avoidable_bytes) <= 16 * len(report.slots)
     assert 0 <= stock_peak - fused_peak <= report.avoidable_peak_bytes
 
 
