@@ -65,50 +65,62 @@ VARIANTS = ("stock", "advised", "fused")
 # --------------------------------------------------------------------------
 
 
-def _workload(model, sizes, fused, device="cpu"):
-    import torch_ctxext
-    from where_fusing_pays import MODELS
+def _workload(model, sizes, fused, device="cpu", registry="where_fusing_pays"):
+    """``registry``: the examples/ module whose MODELS builds ``model``."""
+    import importlib
 
-    workload = MODELS[model](**sizes).to(device)
+    import torch_ctxext
+
+    workload = importlib.import_module(registry).MODELS[model](**sizes).to(device)
     if fused:
         torch_ctxext.nn.fuse(workload.model)
     return workload
 
 
-def _prediction(model, sizes, device="cpu"):
+def _prediction(model, sizes, device="cpu", registry="where_fusing_pays"):
+    """advise's report of a stock step, and what the fused step's calls avoided."""
     from where_fusing_pays import report_of
 
-    report = report_of(_workload(model, sizes, False, device))
+    report = report_of(_workload(model, sizes, False, device, registry))
     fusable = [s.grad_bytes for s in report.slots if s.avoidable_bytes]
+    fused = report_of(_workload(model, sizes, True, device, registry))
     return {"avoidable_bytes": report.avoidable_bytes, "avoidable_peak_bytes": report.avoidable_peak_bytes,
             "temporary_bytes": report.temporary_bytes, "one_gradient_bytes": max(fusable, default=0),
-            "slots": len(report.slots)}
+            "slots": len(report.slots), "fused_avoided_bytes": fused.avoided_bytes,
+            "fused_avoidable_bytes": fused.avoidable_bytes}
 
 
 def _max_difference(a, b):
     return max(float((a[n] - b[n]).abs().max()) for n in a)
 
 
-def measure_advise_memory(model, sizes):
+def allocations(workload):
+    """The bytes the CPU allocator hands out in one backward of the workload,
+    and the peak of one whole step above what was live before it, after two
+    warm-up steps (first-call allocations, the bias's cached ones)."""
+    for _ in range(2):
+        workload.model.zero_grad(set_to_none=True)
+        workload.loss().backward()
+    # The backward alone: every allocation it makes.
+    workload.model.zero_grad(set_to_none=True)
+    loss = workload.loss()
+    backward = bench.backward_peak_bytes(loss.backward)
+    # The whole step: the peak, exact (every block freed in it was allocated
+    # in it; the last step's gradients are freed before).
+    workload.model.zero_grad(set_to_none=True)
+    del loss
+    step = bench.backward_peak_bytes(lambda: workload.loss().backward())
+    return backward["allocated_bytes"], step["peak_bytes"]
+
+
+def measure_advise_memory(model, sizes, registry="where_fusing_pays"):
     """The prediction, and the stock and fused backwards' allocations on the CPU."""
-    result = {"predicted": _prediction(model, sizes), "memory": {}}
+    result = {"predicted": _prediction(model, sizes, registry=registry), "memory": {}}
     grads = {}
     for variant in ("stock", "fused"):
-        workload = _workload(model, sizes, variant == "fused")
-        for _ in range(2):  # warm-up: first-call allocations
-            workload.model.zero_grad(set_to_none=True)
-            workload.loss().backward()
-        # The backward alone: every allocation it makes.
-        workload.model.zero_grad(set_to_none=True)
-        loss = workload.loss()
-        backward = bench.backward_peak_bytes(loss.backward)
-        # The whole step: the peak, exact (every block freed in it was
-        # allocated in it; the last step's gradients are freed before).
-        workload.model.zero_grad(set_to_none=True)
-        del loss
-        step = bench.backward_peak_bytes(lambda: workload.loss().backward())
-        result["memory"][variant] = {"allocated_bytes": backward["allocated_bytes"],
-                                     "peak_bytes": step["peak_bytes"]}
+        workload = _workload(model, sizes, variant == "fused", registry=registry)
+        allocated, peak = allocations(workload)
+        result["memory"][variant] = {"allocated_bytes": allocated, "peak_bytes": peak}
         grads[variant] = {n: p.grad for n, p in workload.model.named_parameters()}
     result["max_grad_difference"] = _max_difference(grads["stock"], grads["fused"])
     return result
@@ -117,15 +129,15 @@ def measure_advise_memory(model, sizes):
 _STEPS = {}
 
 
-def measure_advise_steps(model, sizes, repeats=3):
+def measure_advise_steps(model, sizes, repeats=3, registry="where_fusing_pays"):
     """Seconds per training step of each variant (alternated, ``repeats`` each)."""
     import torch_ctxext
 
-    if _STEPS.get("config") != (model, sorted(sizes.items())):
+    if _STEPS.get("config") != (registry, model, sorted(sizes.items())):
         _STEPS.clear()
-        _STEPS["config"] = (model, sorted(sizes.items()))
-        _STEPS["stock"] = _workload(model, sizes, False)
-        _STEPS["fused"] = _workload(model, sizes, True)
+        _STEPS["config"] = (registry, model, sorted(sizes.items()))
+        _STEPS["stock"] = _workload(model, sizes, False, registry=registry)
+        _STEPS["fused"] = _workload(model, sizes, True, registry=registry)
     stock, fused = _STEPS["stock"], _STEPS["fused"]
 
     def step(workload, advised=False):
@@ -211,9 +223,11 @@ def _has_test_device(python):
     return subprocess.run([python, "-c", code]).returncode == 0
 
 
-def collect(python_213=None, python_215=None, quick=False):
-    """Every model on both sides (and the test device); a JSON-able dict."""
-    plan = PLANS["quick" if quick else "full"]
+def collect(python_213=None, python_215=None, quick=False, plans=None, registry="where_fusing_pays",
+            device=True):
+    """Every model on both sides (and the test device); a JSON-able dict.
+    ``plans`` and ``registry``: another set of models (bench_advise_models.py)."""
+    plan = (plans or PLANS)["quick" if quick else "full"]
     started = time.time()
     results = bench.new_results({k: v for k, v in plan.items() if k != "sizes"}, quick)
     results["rows"] = []
@@ -228,12 +242,13 @@ def collect(python_213=None, python_215=None, quick=False):
         for model, sizes in plan["sizes"].items():
             row = {"model": model, "sizes": sizes}
             for w in pair:
-                row[w.label] = w.call("advise_memory", model=model, sizes=sizes)
+                row[w.label] = w.call("advise_memory", model=model, sizes=sizes, registry=registry)
             ratios = {w.label: {"advised/stock": [], "fused/stock": []} for w in pair}
             fastest = {w.label: {v: [] for v in VARIANTS} for w in pair}
             for r in range(plan["rounds"]):
                 for w in pair if r % 2 == 0 else pair[::-1]:
-                    got = w.call("advise_steps", model=model, sizes=sizes, repeats=plan["repeats"])
+                    got = w.call("advise_steps", model=model, sizes=sizes, repeats=plan["repeats"],
+                                 registry=registry)
                     best = {v: min(t) for v, t in got["times_s"].items()}
                     for v in VARIANTS:
                         fastest[w.label][v].append(best[v])
@@ -248,7 +263,7 @@ def collect(python_213=None, python_215=None, quick=False):
     finally:
         for w in pair:
             w.close()
-    if _has_test_device(python_213):
+    if device and _has_test_device(python_213):
         env = dict(os.environ, **({"TORCH_CTXEXT_BENCH_QUICK": "1"} if quick else {}))
         results["device"] = bench.run_once(python_213, "bench_advise.device_memory", env=env)
         bench.log(f"advise on the test device done ({time.time() - started:.0f}s)")

@@ -18,6 +18,7 @@ FIGURES = {
     "memory": "bench_fused_memory.png",
     "model": "bench_model.png",
     "advise": "bench_advise.png",
+    "advise_models": "bench_advise_models.png",
 }
 COLORS = {"backport": "#1f77b4", "native": "#ff7f0e"}
 
@@ -196,6 +197,22 @@ def plot_model(results, path, plt):
     plt.close(fig)
 
 
+def _step_ratio_bars(ax_time, rows, ss):
+    """Per model and side: advised/stock and fused/stock (bars: the range over rounds)."""
+    keys = [(s, k) for s in ss for k in ("advised/stock", "fused/stock")]
+    width = 0.8 / len(keys)
+    for i, (s, k) in enumerate(keys):
+        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(rows))]
+        vals = [r[s][k]["ratio"] for r in rows]
+        err = [[v - min(r[s][k]["min"], v) for v, r in zip(vals, rows)],
+               [max(r[s][k]["max"], v) - v for v, r in zip(vals, rows)]]
+        ax_time.bar(xs, vals, width, yerr=err, capsize=2, color=COLORS[s],
+                    alpha=1.0 if k == "fused/stock" else 0.45, label=f"{SIDE_NAMES[s]}: {k}")
+    ax_time.axhline(1.0, color="black", lw=0.8)
+    ax_time.set_xticks(range(len(rows)))
+    ax_time.set_xticklabels([r["model"] for r in rows])
+
+
 def plot_advise(results, path, plt):
     """Per model: predicted against measured saving (allocations, peak), and
     the step time ratios (advise's cost, fuse's step)."""
@@ -223,20 +240,41 @@ def plot_advise(results, path, plt):
     ax_mem.set_title(f"{SIDE_NAMES[side]}: predicted (error bar: ± one gradient) against measured",
                      fontsize=9)
     ax_mem.legend(fontsize=7)
-    keys = [(s, k) for s in ss for k in ("advised/stock", "fused/stock")]
-    width = 0.8 / len(keys)
-    for i, (s, k) in enumerate(keys):
-        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(rows))]
-        vals = [r[s][k]["ratio"] for r in rows]
-        err = [[v - min(r[s][k]["min"], v) for v, r in zip(vals, rows)],
-               [max(r[s][k]["max"], v) - v for v, r in zip(vals, rows)]]
-        ax_time.bar(xs, vals, width, yerr=err, capsize=2, color=COLORS[s],
-                    alpha=1.0 if k == "fused/stock" else 0.45, label=f"{SIDE_NAMES[s]}: {k}")
-    ax_time.axhline(1.0, color="black", lw=0.8)
-    ax_time.set_xticks(range(len(rows)))
-    ax_time.set_xticklabels([r["model"] for r in rows])
+    _step_ratio_bars(ax_time, rows, ss)
     ax_time.set_ylabel("training step time ratio")
     ax_time.set_title("Step time: inside advise() and fused, over stock (bars: range)", fontsize=9)
+    ax_time.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_advise_models(results, path, plt):
+    """Predicted (the stock report's promise) against measured (the
+    allocations' drop) per model and side, on the diagonal where they agree;
+    and the step time ratios (advise's cost, the fused step)."""
+    rows = results["rows"]
+    ss = bench_advise.sides(results)
+    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(12, 4.4), gridspec_kw={"width_ratios": [1, 1.3]})
+    top = 0
+    for s, marker in zip(ss, ("o", "x")):
+        xs = [r[s]["predicted"]["avoidable_bytes"] / 2**20 for r in rows]
+        ys = [bench_advise.drops(r[s])[0] / 2**20 for r in rows]
+        top = max([top, *xs, *ys])
+        ax_mem.scatter(xs, ys, marker=marker, color=COLORS[s], label=SIDE_NAMES[s], zorder=3)
+        if s == ss[0]:
+            for x, y, r in zip(xs, ys, rows):
+                ax_mem.annotate(r["model"], (x, y), fontsize=7, xytext=(4, -10), textcoords="offset points")
+    ax_mem.plot([0, top * 1.05], [0, top * 1.05], color="black", lw=0.8, label="measured = predicted")
+    ax_mem.set_xlabel("predicted: advise's avoidable MiB (stock step)")
+    ax_mem.set_ylabel("measured: the backward's allocations drop, MiB")
+    ax_mem.set_title("fuse(model) on the real models: predicted against measured", fontsize=9)
+    ax_mem.legend(fontsize=7)
+    _step_ratio_bars(ax_time, rows, ss)
+    ax_time.axhline(1.05, color="grey", lw=0.8, ls="--")
+    ax_time.set_ylabel("training step time ratio")
+    ax_time.set_title("Step time inside advise() and fused, over stock (bars: range; dashed: 1.05)",
+                      fontsize=9)
     ax_time.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
@@ -254,3 +292,5 @@ def draw(results, out):
         plot_model(results["model"], os.path.join(out, IMG, FIGURES["model"]), plt)
     if "advise" in results:
         plot_advise(results["advise"], os.path.join(out, IMG, FIGURES["advise"]), plt)
+    if "advise_models" in results:
+        plot_advise_models(results["advise_models"], os.path.join(out, IMG, FIGURES["advise_models"]), plt)

@@ -11,6 +11,7 @@ import math
 import os
 
 import bench_advise
+import bench_advise_models
 import bench_boxed_memory
 import bench_check_function
 import bench_fused
@@ -78,6 +79,8 @@ def verdicts(results):
         lines += [f"* Shared-layer model, {line}." for line in bench_model.summary(results["model"])]
     if "advise" in results:
         lines += [f"* Where fusing pays, {line}." for line in bench_advise.summary(results["advise"])]
+    if "advise_models" in results:
+        lines += [f"* Real models, {line}." for line in bench_advise_models.summary(results["advise_models"])]
     if "import_cost" in results:
         r = results["import_cost"]
         lines.append(
@@ -317,6 +320,8 @@ def render_page(results, command):
         lines += [model_section(results["model"], f"{IMG}/{FIGURES['model']}")]
     if "advise" in results:
         lines += [advise_section(results["advise"], f"{IMG}/{FIGURES['advise']}")]
+    if "advise_models" in results:
+        lines += [bench_advise_models.section(results["advise_models"], f"{IMG}/{FIGURES['advise_models']}")]
     if "install" in results:
         r = results["install"]
         lines += [

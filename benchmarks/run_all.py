@@ -15,6 +15,7 @@ own, which measures and tabulates its results:
     bench_fused.py           fused gradient accumulation: backward time and peak memory
     bench_model.py           a model sharing one block across depth: step time, peak, losses
     bench_advise.py          advise()'s predicted saving against fuse(model)'s measured one
+    bench_advise_models.py   the same on GPT-2, BERT, ALBERT, T5, Llama (transformers), an LSTMCell
     bench_boxed_memory.py    boxed grads freed early: peak memory (with --torch-2-12)
     bench_check_function.py  torch_ctxext.testing.check_function's own time
     bench_import.py          the first import (the build) and the import from the cache
@@ -91,6 +92,7 @@ sys.path.insert(0, HERE)
 
 import bench  # noqa: E402
 import bench_advise  # noqa: E402
+import bench_advise_models  # noqa: E402
 import bench_boxed_memory  # noqa: E402
 import bench_check_function  # noqa: E402
 import bench_fused  # noqa: E402
@@ -180,6 +182,8 @@ def markdown_tables(results):
     if "advise" in results:
         parts.append(bench_advise.memory_table(results["advise"]))
         parts.append(bench_advise.time_table(results["advise"]))
+    if "advise_models" in results:
+        parts.append(bench_advise_models.table(results["advise_models"]))
     return "\n\n".join(parts)
 
 
@@ -223,7 +227,7 @@ def parse_args(argv):
         help="measure nothing: redraw the page and figures from the raw results of an earlier run",
     )
     parser.add_argument(
-        "--remeasure", choices=["check_function", "model", "advise", "install", "releases", "read", "builds", "instructions",
+        "--remeasure", choices=["check_function", "model", "advise", "advise_models", "install", "releases", "read", "builds", "instructions",
                                 "import_cost"],
         action="append", default=[],
         help="with --from-json: measure this part again (with --torch-2-13 / this "
@@ -231,6 +235,8 @@ def parse_args(argv):
         "results; 'model' is the shared-layer model (benchmarks/bench_model.py, 5 to 8 "
         "minutes, needs --torch-2-15); 'advise' advise()'s predicted saving against fuse(model)'s "
         "on the four models of examples/where_fusing_pays.py (bench_advise.py, needs --torch-2-15); "
+        "'advise_models' the same on the transformers models of examples/transformers_models.py "
+        "(bench_advise_models.py, needs --torch-2-15 and transformers on both sides); "
         "'releases' the idle and read cost on each of "
         "--other-releases (read against --torch-2-15), merged release by release; "
         "'read' the read cost on 2.13 against --torch-2-15; 'builds' the first import "
@@ -256,6 +262,10 @@ def remeasure(results, args, parser):
         if not args.torch_2_15:
             parser.error("--remeasure advise needs --torch-2-15 (the native side)")
         results["advise"] = bench_advise.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
+    if "advise_models" in args.remeasure:
+        if not args.torch_2_15:
+            parser.error("--remeasure advise_models needs --torch-2-15 (the native side)")
+        results["advise_models"] = bench_advise_models.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
     if "read" in args.remeasure:
         if not args.torch_2_15:
             parser.error("--remeasure read needs --torch-2-15 (the native side)")
@@ -293,6 +303,7 @@ def measure(args):
             [args.torch_2_13 or sys.executable, args.torch_2_15])
     results["model"] = bench_model.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
     results["advise"] = bench_advise.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
+    results["advise_models"] = bench_advise_models.collect(args.torch_2_13, args.torch_2_15, quick=args.quick)
     return results
 
 

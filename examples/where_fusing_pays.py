@@ -205,19 +205,22 @@ def report_of(workload, fused=False):
     return report
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None, models=None, script="examples/where_fusing_pays.py", description=None):
+    """Print each model's report (``models``: another registry of models,
+    as examples/transformers_models.py passes its own)."""
+    models = MODELS if models is None else models
+    parser = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
     parser.add_argument("--fused", action="store_true", help="swap the drop-ins in first (torch_ctxext.nn.fuse)")
-    parser.add_argument("models", nargs="*", metavar="MODEL", help=f"any of {', '.join(MODELS)} (default: all)")
+    parser.add_argument("models", nargs="*", metavar="MODEL", help=f"any of {', '.join(models)} (default: all)")
     args = parser.parse_args(argv)
-    unknown = [m for m in args.models if m not in MODELS]
+    unknown = [m for m in args.models if m not in models]
     if unknown:
-        parser.error(f"unknown model {unknown[0]!r}: choose from {', '.join(MODELS)}")
-    for i, name in enumerate(args.models or MODELS):
+        parser.error(f"unknown model {unknown[0]!r}: choose from {', '.join(models)}")
+    for i, name in enumerate(args.models or models):
         if i:
             print()
-        print(f"$ python examples/where_fusing_pays.py {'--fused ' if args.fused else ''}{name}")
-        print(report_of(MODELS[name](), fused=args.fused))
+        print(f"$ python {script} {'--fused ' if args.fused else ''}{name}")
+        print(report_of(models[name](), fused=args.fused))
     return 0
 
 

@@ -190,7 +190,9 @@ def test_after_fuse_each_later_producer_adds_into_the_buffer_and_nothing_is_left
         expected_fused[slot_name] = fusing
         slot = report[slot_name]
         assert slot.fused == fusing, slot_name
-        assert slot.avoided_bytes == fusing * e.grad_bytes, slot_name
+        # One accounting: what the stock step's report promised for this
+        # slot (the sum out of place included) is what the fused one avoided.
+        assert slot.avoided_bytes == e.avoidable_bytes, slot_name
     # What the Functions say agrees: every buffer exposed was written in place.
     exposed = sum(f.exposed for f in report.functions.values())
     assert exposed == sum(f.used for f in report.functions.values()) == sum(expected_fused.values())
@@ -198,37 +200,27 @@ def test_after_fuse_each_later_producer_adds_into_the_buffer_and_nothing_is_left
 
 def measured(workload):
     """Bytes the CPU allocator handed out during one backward, and the peak
-    of one whole step above what was live before it (benchmarks/bench.py's
-    method: the profiler's allocation events)."""
-    import bench
+    of one whole step (benchmarks/bench_advise.py's method)."""
+    import bench_advise
 
-    for _ in range(2):  # warm up: first-call allocations
-        workload.model.zero_grad(set_to_none=True)
-        workload.loss().backward()
-    workload.model.zero_grad(set_to_none=True)
-    loss = workload.loss()
-    allocated = bench.backward_peak_bytes(loss.backward)["allocated_bytes"]
-    workload.model.zero_grad(set_to_none=True)
-    del loss
-    peak = bench.backward_peak_bytes(lambda: workload.loss().backward())["peak_bytes"]
-    return allocated, peak
+    return bench_advise.allocations(workload)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_fuse_lowers_allocations_by_the_predicted_bytes_and_the_peak_by_at_most_the_predicted_peak(name):
     """The saving advise predicts is the saving fuse(model) makes: the
-    backward allocates avoidable_bytes less, within one gradient. Temporaries
+    backward allocates avoidable_bytes less, within a few bytes per slot (no
+    fused path allocates: not even the bias's row sum). Temporaries
     are freed after each add, so only one add's are alive together: the
     step's peak drops by at most avoidable_peak_bytes, and by that only where
     the peak falls on that add (at these small sizes the activations' peak
     is elsewhere; at benchmarks/bench_advise.py's sizes it drops by
     avoidable_peak_bytes within one gradient)."""
     _, report = advised(name)
-    largest = max(s.grad_bytes for s in report.slots if s.avoidable_bytes)
     fused = MODELS[name]()
     torch_ctxext.nn.fuse(fused.model)
     (stock_allocated, stock_peak), (fused_allocated, fused_peak) = measured(MODELS[name]()), measured(fused)
-    assert abs(stock_allocated - fused_allocated - report.avoidable_bytes) <= largest
+    assert abs(stock_allocated - fused_allocated - report.avoidable_bytes) <= 16 * len(report.slots)
     assert 0 <= stock_peak - fused_peak <= report.avoidable_peak_bytes
 
 

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -30,3 +32,14 @@ def test_a_stale_report_is_found(tmp_path, monkeypatch):
     stale.write_text(text.replace("received more than one gradient", "received several gradients", 1))
     monkeypatch.setattr(advice_page, "PAGE", str(stale))
     assert advice_page.main(["--check"]) == 1
+
+
+@pytest.mark.skipif(not advice_page.HAS_TRANSFORMERS,
+                    reason="transformers is not installed (a test-only dependency: tools/run.sh installs it for CI)")
+def test_the_real_models_reports_are_checked_and_shown():
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "advice_page.py"), "--check"],
+                            capture_output=True, text=True)
+    assert "not checked" not in result.stdout
+    with open(advice_page.PAGE) as f:
+        shown = {m["args"] for m in advice_page.BLOCK.finditer(f.read())}
+    assert {"transformers_models.py llama", "transformers_models.py gpt2-micro"} <= shown

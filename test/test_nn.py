@@ -4,6 +4,8 @@ swaps them in place without changing the model's parameters or state_dict.
 FusedLinear's own tests: test_examples.py (examples/fused_linear.py
 re-exports it) and the training stacks (test_training_stacks.py)."""
 import copy
+import importlib.util
+import pickle
 import os
 import sys
 
@@ -204,3 +206,123 @@ def test_the_examples_fused_linear_is_the_packages():
 
     assert fused_linear.FusedLinear is FusedLinear
     assert fused_linear.FusedLinearFunction is FusedLinearFunction
+
+
+# --- every drop-in's gradient is accumulable by the next producer ---------------
+
+def _conv1d_apply(x, layer):
+    return torch_ctxext.nn.FusedConv1DFunction.apply(x, layer[0], layer[1], True)
+
+
+def _linear_apply(x, layer):
+    return FusedLinearFunction.apply(x, layer[0], layer[1], True)
+
+
+# (drop-in Function, its weight's shape for in=4 / out=6, its apply)
+READERS = [
+    ("FusedLinearFunction", (6, 4), _linear_apply),
+    ("FusedConv1DFunction", (4, 6), _conv1d_apply),
+]
+
+
+@pytest.mark.parametrize("first", [0, 1, 2], ids=["q_first", "k_first", "v_first"])
+@pytest.mark.parametrize("function, shape, apply", READERS, ids=[r[0] for r in READERS])
+def test_three_projections_of_one_hidden_state_fuse_into_each_other_whichever_runs_first(
+        function, shape, apply, first):
+    """q, k and v read one (batch, seq, features) hidden state: the one that
+    runs backward first returns a gradient the engine can add into, and the
+    other two add into it."""
+    torch.manual_seed(0)
+    layers = [(torch.randn(*shape, requires_grad=True), torch.randn(6, requires_grad=True)) for _ in range(3)]
+    # Created last, run first: the projection ``first`` is applied last.
+    order = [i for i in range(3) if i != first] + [first]
+    grads = []
+    for fused in (False, True):
+        x = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        with torch_ctxext.explain() as report:
+            outs = {i: apply(x, layers[i]) if fused else
+                    (x @ (layers[i][0].t() if shape == (6, 4) else layers[i][0]) + layers[i][1]) for i in order}
+            sum((outs[i] * (i + 1)).sum() for i in range(3)).backward()
+        grads.append(x.grad)
+        if fused:
+            stats = report[function]
+            # Three reads: the first finds nothing, the other two x's buffer
+            # (and none of the parameters', each used once).
+            assert stats.exposed == 2, str(stats)
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def backward_allocations(run):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import bench
+
+    return bench.backward_peak_bytes(run)["allocated_bytes"]
+
+
+def test_a_tied_fused_embedding_with_padding_idx_allocates_one_row_not_a_copy_of_the_output_gradient():
+    tokens = torch.randint(0, 6, (64, 64), generator=torch.Generator().manual_seed(0))
+    tokens[0, 0] = 0  # one padding token
+    allocated, grads = {}, {}
+    for padding in (None, 0):
+        embedding, head = tied(FusedEmbedding, FusedLinear, padding_idx=padding)
+        for _ in range(2):  # warm up
+            embedding.weight.grad = None
+            head(embedding(tokens)).sum().backward()
+        embedding.weight.grad = None
+        loss = head(embedding(tokens)).sum()
+        allocated[padding] = backward_allocations(loss.backward)
+        grads[padding] = embedding.weight.grad
+    assert allocated[0] - allocated[None] == embedding.embedding_dim * 4  # the padding row kept aside
+    stock_embedding, stock_head = tied(torch.nn.Embedding, torch.nn.Linear, padding_idx=0)
+    stock_head(stock_embedding(tokens)).sum().backward()
+    # 4096 rows summed in another order: float32 sums of that many terms.
+    torch.testing.assert_close(grads[0], stock_embedding.weight.grad, rtol=1e-4, atol=1e-3)
+    assert torch.equal(grads[0][0], stock_embedding.weight.grad[0])  # the padding row: the head's alone
+
+
+def test_fused_conv1d_function_passes_check_function():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, generator=gen, requires_grad=True)
+    w = torch.randn(4, 5, generator=gen, requires_grad=True)
+    b = torch.randn(5, generator=gen, requires_grad=True)
+    report = torch_ctxext.testing.check_function(torch_ctxext.nn.FusedConv1DFunction, x, w, b, True)
+    assert report.passed, str(report)
+
+
+transformers_missing = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed (a test-only dependency: tools/run.sh installs it for CI)")
+
+
+@transformers_missing
+def test_fused_conv1d_is_a_conv1d_with_its_forward_bit_for_bit_and_its_gradients():
+    from transformers.pytorch_utils import Conv1D
+
+    from torch_ctxext.nn import FusedConv1D
+
+    torch.manual_seed(0)
+    stock = Conv1D(6, 4)
+    fused = copy.deepcopy(stock)
+    fuse(fused)
+    assert type(fused) is FusedConv1D and isinstance(fused, Conv1D)
+    assert FusedConv1D(6, 4, fuse=False).fuse is False
+    x = torch.randn(2, 5, 4)
+    outs = [m(x * k) for m in (stock, fused) for k in (1, 2)]
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    (outs[0] + outs[1]).sum().backward()
+    (outs[2] + outs[3]).sum().backward()
+    for (name, a), (_, b) in zip(stock.named_parameters(), fused.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
+    fused.load_state_dict(stock.state_dict())
+    # Saved whole (torch.save pickles the class by its name) and loaded back.
+    again = pickle.loads(pickle.dumps(fused))
+    assert type(again) is FusedConv1D and torch.equal(again.weight, fused.weight)
+
+
+def test_the_conv1d_modules_docstring_example_runs_as_written():
+    import doctest
+
+    from torch_ctxext.nn import conv1d
+
+    result = doctest.testmod(conv1d, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -46,6 +46,9 @@ oldest=${releases[0]}
 matrix_releases=("${releases[@]}")
 if [ -n "${TORCH_CTXEXT_RELEASES:-}" ]; then read -ra matrix_releases <<<"$TORCH_CTXEXT_RELEASES"; fi
 test_deps=(numpy pytest hypothesis expecttest ninja "setuptools>=70,<82" wheel)
+# Test-only: the real architectures of test/test_advise_transformers.py, in
+# the $main venv and native 2.15's (never a dependency of the package).
+model_test_deps=("transformers==5.23.0")
 mkdir -p "$cache"
 export TORCH_CTXEXT_CACHE=$cache  # the venvs' builds go to $cache/builds
 out=$(mktemp -d /tmp/torch_ctxext-run.XXXXXX)
@@ -105,6 +108,7 @@ docs_venv() {  # torch $main (2.13.0) + torch_ctxext + the documentation tools
         env $(pip_env "$main") "$dir/bin/python" -m pip install -q "torch==$main" >&2
     fi
     env $(pip_env "$main") "$dir/bin/python" -m pip install -q "${test_deps[@]}" -r "$root/requirements-docs.txt" >&2
+    env $(pip_env "$main") "$dir/bin/python" -m pip install -q "${model_test_deps[@]}" >&2  # the benchmarks' real models
     install_torch_ctxext "$dir"
     echo "$dir"
 }
@@ -140,6 +144,9 @@ venv_create() {  # venv_create VERSION [CPYTHON [DIR]]: a venv with that torch a
         env $pipenv "$dir/bin/python" -m pip install -q "torch==$version"
     fi
     env $pipenv "$dir/bin/python" -m pip install -q "${test_deps[@]}"
+    if [ "$version" = "$main" ] || [ "$version" = "$reference" ]; then
+        env $pipenv "$dir/bin/python" -m pip install -q "${model_test_deps[@]}"
+    fi
 }
 
 build_wheels() {  # build_wheels ARGS...: tools/wheels.py, with ninja from a small venv of its own
@@ -164,7 +171,6 @@ wheel_tests() {  # wheel_tests VERSION CPYTHON DIST [plugin]: the wheel in a ven
     "$dir/bin/python" "$root/tools/wheel_check.py"
     if [ "${4:-}" = plugin ]; then
         echo "== the plugin's own tests on CPython $python, torch $version (from the wheel)"
-        env $(pip_env "$version") "$dir/bin/python" -m pip install -q "${model_test_deps[@]}" >&2
         "$dir/bin/python" -m pytest -q -p no:cacheprovider -o addopts= --rootdir "$root" "$root/test" \
             >"$out/test-$version-py$python.log" 2>&1 || { cat "$out/test-$version-py$python.log"; exit 1; }
         tail -n 1 "$out/test-$version-py$python.log"
@@ -304,7 +310,7 @@ test)
     # the same tests must pass there.
     PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
         --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py" \
-        "$root/test/test_advise_models.py" "$root/test/test_nn.py"
+        "$root/test/test_advise_models.py" "$root/test/test_nn.py" "$root/test/test_advise_transformers.py"
     # The binary wheels, as users install them (tools/wheels.py): CPython 3.11
     # with this machine's CPU build of $main, 3.13 with PyPI's (CUDA) build
     # of $main, 3.10 with PyPI's $oldest; the plugin's own tests on 3.13 and 3.10.

@@ -14,6 +14,8 @@ All three are placed when the first active block enters and removed when the
 last one exits; a block that fails to observe a backward records why in its
 report instead of raising into the training step.
 """
+import contextlib
+import gc
 import threading
 
 import torch
@@ -70,6 +72,27 @@ def exit(session):
             torch.autograd._engine_run_backward = _originals["run_here"]
 
 
+@contextlib.contextmanager
+def _no_collection():
+    """No cyclic collection while advise walks the graph or files a record.
+
+    Its bookkeeping (the graph's edges, per-slot records) is thousands of
+    short-lived containers freed by reference counting: collections
+    triggered in the middle of it would promote them to the oldest
+    generation, whose full collections then come every few steps and cost
+    tens of milliseconds in a process that has imported a model library.
+    The collector is re-enabled as it was, and only by the call that
+    disabled it."""
+    enabled = gc.isenabled()
+    if enabled:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _run_backward(t_outputs, *args, **kwargs):
     global _backwards
     sessions = _sessions
@@ -80,7 +103,8 @@ def _run_backward(t_outputs, *args, **kwargs):
             grad_tensors = args[0] if args else kwargs.get("grad_tensors")
             create_graph = args[2] if len(args) > 2 else kwargs.get("create_graph", False)
             inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
-            record = Backward(t_outputs, grad_tensors, inputs, create_graph)
+            with _no_collection():
+                record = Backward(t_outputs, grad_tensors, inputs, create_graph)
         except Exception as error:  # never into the training step
             for session in sessions:
                 session.failed(error)
@@ -92,12 +116,13 @@ def _run_backward(t_outputs, *args, **kwargs):
     try:
         return run(t_outputs, *args, **kwargs)
     finally:
-        record.finish()
-        with _lock:
-            _backwards = [b for b in _backwards if b is not record]
-        for session in sessions:
-            session.add(record)
-        record.release()
+        with _no_collection():
+            record.finish()
+            with _lock:
+                _backwards = [b for b in _backwards if b is not record]
+            for session in sessions:
+                session.add(record)
+            record.release()
 
 
 class _Call:

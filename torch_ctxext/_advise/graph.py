@@ -33,11 +33,14 @@ __all__ = ["Backward", "Arrival"]
 class Arrival:
     """What one producer left in a slot: ``gradient`` (a tensor the engine
     adds), ``fused`` (written into the exposed buffer, None returned) or
-    ``none`` (nothing)."""
+    ``none`` (nothing). ``stock_view``: a drop-in's gradient where the stock
+    module's would have been a view (the engine would have summed out of
+    place had it come first)."""
 
     producer: int
     kind: str
     bytes: int = 0
+    stock_view: bool = False
 
 
 def storage_bytes(t):
@@ -47,6 +50,11 @@ def storage_bytes(t):
     and the engine would then see the buffer as shared."""
     if t.numel() == 0:
         return 0
+    try:
+        if t.is_contiguous():  # the common case, without a loop in Python
+            return t.numel() * t.element_size()
+    except Exception:
+        pass
     try:
         span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
     except Exception:  # a subclass or layout without strides
@@ -111,16 +119,18 @@ class Slot:
         self.arrivals = []
         self.first_address = None
         self.final_address = None
+        self._given = False  # a gradient has arrived
 
-    def arrive(self, producer, gradient, kind=None):
+    def arrive(self, producer, gradient, kind=None, stock_view=False):
         if gradient is None:
             self.arrivals.append(Arrival(producer, kind or "none"))
             return
-        if self.first_address is None and not any(a.kind == "gradient" for a in self.arrivals):
+        if not self._given:
+            self._given = True
             self.first_address = _address(gradient)
         if self.grad_bytes is None:
             self.grad_bytes = gradient.numel() * gradient.element_size()
-        self.arrivals.append(Arrival(producer, "gradient", storage_bytes(gradient)))
+        self.arrivals.append(Arrival(producer, "gradient", storage_bytes(gradient), stock_view))
 
     @property
     def out_of_place(self):
@@ -195,6 +205,7 @@ class Backward:
         if not entries:
             return
         argument_slots = _argument_slots(ctx, len(returned))
+        stock_view = getattr(getattr(ctx, "_forward_cls", None), "stock_gradient_is_view", None)
         with self.lock:
             used = set()
             for j, edge in enumerate(argument_slots):
@@ -208,7 +219,8 @@ class Backward:
                     if gradient is None and written.get(j):
                         slot.arrive(index, None, kind="fused")
                     else:
-                        slot.arrive(index, gradient)
+                        slot.arrive(index, gradient,
+                                    stock_view=bool(stock_view and gradient is not None and stock_view(ctx, j)))
                     break
 
     def finish(self):

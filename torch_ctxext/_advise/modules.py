@@ -2,13 +2,16 @@
 
 A node's sequence number is taken from a per-thread counter when the node is
 created, so the nodes a module's forward creates are exactly those numbered
-between the counter's value when the forward starts and when it ends. The
-forward hooks below read the counter at both ends (by creating one throwaway
-node: no binding reads it otherwise) and keep the interval; a node is
-attributed to the innermost call whose interval holds its number. Node
-numbers only ever grow, so the probe nodes change no order the engine sees.
+from the counter's value when the forward starts up to (not including) its
+value when it ends. The forward hooks below read the counter at both ends
+(``torch._C._autograd._get_sequence_nr()``, which reads it without creating
+a node; where a release lacks it, by creating one throwaway node) and keep
+the interval; a node is attributed to the innermost call whose interval
+holds its number. Node numbers only ever grow, so reading them changes no
+order the engine sees.
 """
 import bisect
+import itertools
 import threading
 
 import torch
@@ -16,18 +19,25 @@ import torch
 __all__ = ["ModuleCalls", "ParameterNames"]
 
 _probe = threading.local()
+_peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
+
+
+def _probe_counter():
+    """The next sequence number, by creating a throwaway node: the number
+    after the probe's own (which no other node has)."""
+    leaf = getattr(_probe, "leaf", None)
+    if leaf is None:
+        leaf = _probe.leaf = torch.zeros((), requires_grad=True)
+    return leaf.view(()).grad_fn._sequence_nr() + 1
 
 
 def _counter():
     """The next sequence number of this thread, or None when no node would
-    be created (grad mode off) or the probe fails (a tracer, a mode)."""
+    be created (grad mode off) or it cannot be read (a tracer, a mode)."""
     if not torch.is_grad_enabled():
         return None
-    leaf = getattr(_probe, "leaf", None)
-    if leaf is None:
-        leaf = _probe.leaf = torch.zeros((), requires_grad=True)
     try:
-        return leaf.view(()).grad_fn._sequence_nr()
+        return _peek() if _peek is not None else _probe_counter()
     except Exception:  # under torch.compile's tracer, a dispatch mode, ...
         return None
 
@@ -44,11 +54,13 @@ class ModuleCalls:
         for path, module in model.named_modules():
             self.paths.setdefault(id(module), path)
         self._calls = {}  # id(module) -> calls so far
-        self._starts = []  # sorted start numbers ...
+        self._starts = []  # sorted (start, -end, -order) keys: an outer call of
+        # the same interval sorts before the inner one, whose post hook ran first ...
         self._intervals = []  # ... and (start, end, path, module, call), in that order
         self._open = threading.local()
         self._lock = threading.Lock()
         self._handles = []
+        self._order = itertools.count()
 
     def install(self):
         for module in self.model.modules():
@@ -79,21 +91,22 @@ class ModuleCalls:
             self._calls[id(module)] = call
             if start is None or end is None:
                 return
-            i = bisect.bisect(self._starts, start)
-            self._starts.insert(i, start)
+            key = (start, -end, -next(self._order))
+            i = bisect.bisect(self._starts, key)
+            self._starts.insert(i, key)
             self._intervals.insert(i, (start, end, self.paths.get(id(module), "?"), module, call))
 
     def attribute(self, seq):
         if seq is None:
             return None
         with self._lock:
-            i = bisect.bisect(self._starts, seq)
-            # Intervals nest: going back from the last one that starts before
-            # seq, the first that has not ended yet is the innermost.
+            i = bisect.bisect(self._starts, (seq, 1))
+            # Intervals nest: going back from the last one that starts at or
+            # before seq, the first that has not ended yet is the innermost.
             while i > 0:
                 i -= 1
                 start, end, path, module, call = self._intervals[i]
-                if start < seq < end:
+                if start <= seq < end:
                     calls = self._calls.get(id(module), 1)
                     return path, module, call if calls > 1 else None
         return None

@@ -1,9 +1,8 @@
 """What ``with torch_ctxext.advise(model) as report`` collected, as a table and as plain data."""
-import collections
-import re
 from dataclasses import dataclass, field
 
 from .._explain import FunctionBufferStats
+from .table import natural, render
 
 __all__ = ["AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice", "DropInAdvice", "account"]
 
@@ -12,15 +11,20 @@ __all__ = ["AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice", "Dr
 class ProducerAdvice:
     """One producer of a slot: the op (autograd node) or custom Function
     whose backward returns a gradient for it, the module that made it
-    (``path#call`` when the module ran several times), and the drop-in that
-    would fuse it into the slot's buffer (None: none would)."""
+    (``path#call`` when the module ran several times) and its class, the
+    drop-in that would fuse it into the slot's buffer (None: none would),
+    and what that drop-in's fused path still allocates at each add
+    (``residual``: one row of a ``FusedEmbedding`` with ``padding_idx``)."""
 
     op: str
     module: str | None = None
     drop_in: str | None = None
+    stock: str | None = None  # the module's class
+    residual: int = 0  # bytes the drop-in's fused path still allocates at each add
 
     def as_dict(self):
-        return {"op": self.op, "module": self.module, "drop_in": self.drop_in}
+        return {"op": self.op, "module": self.module, "stock": self.stock, "drop_in": self.drop_in,
+                "residual_bytes": self.residual}
 
 
 @dataclass
@@ -31,7 +35,10 @@ class SlotAdvice:
     added to the buffer; ``summed_out_of_place``: sums the engine allocated
     because the buffer could not be added to in place (the first gradient
     was a view or shared); ``temporary_bytes`` the bytes of both;
-    ``avoided_bytes`` what the ``fused`` producers did not allocate;
+    ``avoided_bytes`` what the ``fused`` producers did not allocate, and the
+    sum the engine did not make because a drop-in's gradient came first
+    where the stock module's would have been a view (so a fused step's
+    ``avoided_bytes`` is the stock step's ``avoidable_bytes``);
     ``avoidable_bytes`` what the drop-ins would still save, and
     ``avoidable_peak_bytes`` the most of it alive at one time (at one add).
     """
@@ -115,7 +122,14 @@ def account(slot, arrivals, out_of_place, create_graph):
     producer that has one fuses wherever the buffer is exposed (the same
     rule); the first gradient, if a drop-in returns it, is a fresh tensor,
     so no sum out of place is needed at all. Under ``create_graph=True``
-    nothing is exposed.
+    nothing is exposed. Each fused add saves the gradient less the drop-in's
+    ``residual``.
+
+    ``avoided_bytes`` counts the same two things where the drop-ins ran: the
+    gradients fused producers did not return, and the sum the engine did not
+    make because a drop-in's gradient came first where the stock module's
+    would have been a view. So the promise before ``fuse()`` is what the
+    fused step reports as avoided.
     """
     given = [a for a in arrivals if a.kind != "none"]
     later = given[1:]
@@ -124,7 +138,10 @@ def account(slot, arrivals, out_of_place, create_graph):
     slot.summed_out_of_place = int(bool(out_of_place and slot.temporaries))
     slot.temporary_bytes = (sum(a.bytes for a in later if a.kind == "gradient")
                             + slot.summed_out_of_place * slot.grad_bytes)
-    slot.avoided_bytes = slot.fused * slot.grad_bytes
+    slot.avoided_bytes = sum(max(slot.grad_bytes - slot.producers[a.producer].residual, 0)
+                             for a in given if a.kind == "fused")
+    if later and given[0].stock_view and not slot.summed_out_of_place:
+        slot.avoided_bytes += slot.grad_bytes
     savings = []
     if not given or create_graph or given[0].kind != "gradient":
         return savings
@@ -140,9 +157,10 @@ def account(slot, arrivals, out_of_place, create_graph):
             # drop-in's first gradient is its own tensor, added to in place.
             savings.append((given[0].producer, slot.grad_bytes))
             saved += slot.grad_bytes
-        if exposable and slot.producers[a.producer].drop_in is not None:
-            savings.append((a.producer, a.bytes))
-            saved += a.bytes
+        producer = slot.producers[a.producer]
+        if exposable and producer.drop_in is not None:
+            savings.append((a.producer, max(a.bytes - producer.residual, 0)))
+            saved += savings[-1][1]
         events.append(saved)
         exposable = True  # after this add the buffer is the engine's own
     slot.avoidable_bytes = sum(b for _, b in savings)
@@ -150,36 +168,12 @@ def account(slot, arrivals, out_of_place, create_graph):
     return savings
 
 
-def _count(n, noun):
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def _natural(name):
-    """Sort key: "cell#2" before "cell#10"."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def fmt_bytes(n):
-    if n < 1024:
-        return f"{n} B"
-    if n < 1024 ** 2:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n / 1024 ** 2:.2f} MiB"
-
-
-def _producers_summary(producers):
-    groups = collections.Counter()
-    for p in producers:
-        module = p.module.split("#")[0] if p.module else None
-        groups[(p.op, module)] += 1
-    return ", ".join(f"{n} x {op}" + (f" in {module}" if module else "")
-                     for (op, module), n in groups.items())
-
-
 class AdviceReport:
     """What ``with torch_ctxext.advise(model) as report:`` saw.
 
-    ``print(report)`` is a table, largest possible saving first;
+    ``print(report)`` is a table of at most 100 columns, largest saving
+    first, with a "do this" line and the tensors nothing saves folded into
+    one line (``report.table(width=None)``: uncut);
     ``report.as_dict()`` the same as plain, JSON-serialisable data;
     ``report[name]`` a slot by its name (``"encoder.fc1.weight"``).
     """
@@ -195,7 +189,7 @@ class AdviceReport:
     @property
     def slots(self):
         return sorted(self._slots.values(),
-                      key=lambda s: (-s.avoidable_bytes, -s.temporary_bytes, _natural(s.name)))
+                      key=lambda s: (-s.avoidable_bytes - s.avoided_bytes, -s.temporary_bytes, natural(s.name)))
 
     def __getitem__(self, name):
         return self._slots[name]
@@ -260,39 +254,11 @@ class AdviceReport:
     def _drop_ins_sorted(self):
         return sorted(self.drop_ins.values(), key=lambda d: (-d.avoidable_bytes, d.module))
 
+    def table(self, width=100):
+        """The report as text, lines cut at ``width`` columns (None: not cut)."""
+        return render(self, width)
+
     def __str__(self):
-        slots = self.slots
-        temporaries = sum(s.temporaries + s.summed_out_of_place for s in slots)
-        lines = [
-            f"torch_ctxext.advise: {_count(self.backwards, 'backward')}; {_count(len(slots), 'tensor')} "
-            "received more than one gradient",
-            f"  temporaries allocated to accumulate them: {_count(temporaries, 'gradient')}, "
-            f"{fmt_bytes(self.temporary_bytes)}",
-            f"  fusing avoided {fmt_bytes(self.avoided_bytes)}; the drop-ins would save "
-            f"{fmt_bytes(self.avoidable_bytes)} more (at most {fmt_bytes(self.avoidable_peak_bytes)} "
-            "of it at one time)",
-        ]
-        if slots:
-            rows = [("could save", "temporaries (+ sums)", "gradient", "fused", "tensor <- producers")]
-            for s in slots:
-                temps = f"{s.temporaries}" + (f" + {s.summed_out_of_place} sum" if s.summed_out_of_place else "")
-                name = s.name + (f" (tied: {', '.join(s.tied)})" if s.tied else "")
-                rows.append((fmt_bytes(s.avoidable_bytes) if s.avoidable_bytes else "-",
-                             f"{temps}, {fmt_bytes(s.temporary_bytes)}", fmt_bytes(s.grad_bytes),
-                             str(s.fused), f"{name} <- {_producers_summary(s.producers)}"))
-            widths = [max(len(r[i]) for r in rows) for i in range(4)]
-            lines.append("")
-            lines += ["  " + "  ".join([r[i].rjust(widths[i]) for i in range(4)] + [r[4]]) for r in rows]
-        if self.drop_ins:
-            lines += ["", "drop-ins (torch_ctxext.nn.fuse(model) swaps them all in):"]
-            for d in self._drop_ins_sorted():
-                lines.append(f"  {d.module}: {d.stock} -> torch_ctxext.nn.{d.drop_in}, saves "
-                             f"{fmt_bytes(d.avoidable_bytes)} ({', '.join(d.slots)})")
-        if self.functions:
-            lines += ["", "custom Functions that read ctx.input_grad_buffers:"]
-            lines += [f"  {f}" for _, f in sorted(self.functions.items())]
-        if self.notes:
-            lines += [""] + [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return self.table()
 
     __repr__ = __str__

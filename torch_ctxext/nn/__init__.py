@@ -10,11 +10,15 @@ gradient elsewhere:
   :class:`FusedLinearFunction`);
 * :class:`FusedEmbedding` for ``nn.Embedding``, e.g. a token embedding tied to
   the output projection (:class:`FusedEmbeddingFunction`);
-* :class:`FusedLSTMCell` for ``nn.LSTMCell`` unrolled over time.
+* :class:`FusedLSTMCell` for ``nn.LSTMCell`` unrolled over time;
+* ``FusedConv1D`` for ``transformers``' ``Conv1D`` (GPT-2's layers; its
+  Function: :class:`FusedConv1DFunction`), made from the installed
+  ``transformers`` on first use: this package never imports it.
 
 :func:`fuse` swaps them in for a whole model, in place;
 ``torch_ctxext.advise(model)`` says where that pays and how much.
 """
+from .conv1d import FusedConv1DFunction
 from .embedding import FusedEmbedding, FusedEmbeddingFunction
 from .fuse import DROP_INS, drop_in_for, fuse
 from .linear import FusedLinear, FusedLinearFunction
@@ -22,6 +26,7 @@ from .rnn import FusedLSTMCell
 
 __all__ = [
     "DROP_INS",
+    "FusedConv1DFunction",
     "FusedEmbedding",
     "FusedEmbeddingFunction",
     "FusedLSTMCell",
@@ -30,3 +35,11 @@ __all__ = [
     "drop_in_for",
     "fuse",
 ]
+
+
+def __getattr__(name):
+    if name == "FusedConv1D":  # needs transformers: made on first use
+        from . import conv1d
+
+        return conv1d.FusedConv1D
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

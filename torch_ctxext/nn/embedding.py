@@ -12,7 +12,13 @@ allocated. Where no buffer is exposed, it returns what ``nn.Embedding``
 returns (``aten.embedding_dense_backward``, bit for bit).
 
 ``padding_idx``, ``scale_grad_by_freq`` and ``max_norm`` behave as in
-``nn.Embedding``; a ``sparse=True`` embedding runs the stock lookup (its
+``nn.Embedding``. With ``padding_idx`` the fused path adds every row and
+then puts the padding row of the buffer back as it was: it allocates that
+one row (``embedding_dim`` elements, which ``advise`` takes off the saving
+it promises), never a copy of the output gradient. With
+``scale_grad_by_freq`` it divides a copy of the output gradient by each
+row's count (``tokens x embedding_dim``, which ``advise`` does not count). A
+``sparse=True`` embedding runs the stock lookup (its
 gradient is sparse: there is no dense buffer to add into). Whether the
 buffer is exposed depends on what the earlier producer left in it: the
 transposed gradient of a functional ``F.linear(h, embedding.weight)`` is a
@@ -66,10 +72,16 @@ class FusedEmbeddingFunction(torch.autograd.Function):
             if ctx.scale_grad_by_freq:
                 counts = torch.bincount(rows, minlength=ctx.num_weights)
                 g = g / counts[rows].unsqueeze(1).to(g.dtype)
-            if ctx.padding_idx >= 0:  # the padding row gets no gradient
-                keep = rows != ctx.padding_idx
-                rows, g = rows[keep], g[keep]
-            w_buf.index_add_(0, rows, g)
+            if ctx.padding_idx >= 0:
+                # The padding row gets no gradient: add every row, then put
+                # the padding row's buffer back as it was (one row kept
+                # aside, not a copy of the output gradient without it).
+                padding_row = w_buf[ctx.padding_idx]
+                kept = padding_row.clone()
+                w_buf.index_add_(0, rows, g)
+                padding_row.copy_(kept)
+            else:
+                w_buf.index_add_(0, rows, g)
             return None, None, None, None, None
         grad_weight = torch.ops.aten.embedding_dense_backward(
             grad, indices, ctx.num_weights, ctx.padding_idx, ctx.scale_grad_by_freq

@@ -1,6 +1,7 @@
 """``torch_ctxext.nn.fuse(model)``: swap the drop-ins in for the stock modules, in place."""
 import torch
 
+from .conv1d import conv1d_drop_in, is_conv1d
 from .embedding import FusedEmbedding
 from .linear import FusedLinear
 from .rnn import FusedLSTMCell
@@ -23,23 +24,28 @@ def drop_in_for(module):
     ``forward`` (``NonDynamicallyQuantizableLinear`` is never called through
     it), and a module already wrapped by ``fully_shard`` has a class of
     FSDP's making. A ``sparse=True`` embedding has no dense buffer to add into.
+    ``transformers``' ``Conv1D`` gets ``FusedConv1D`` (recognised only where
+    ``transformers`` is already imported: it is never imported here).
     """
     drop_in = DROP_INS.get(type(module))
+    if drop_in is None and is_conv1d(type(module)):
+        return conv1d_drop_in(type(module))
     if drop_in is FusedEmbedding and module.sparse:
         return None
     return drop_in
 
 
 def fuse(model):
-    """Swap, in place, every ``nn.Linear``, ``nn.Embedding`` and ``nn.LSTMCell``
-    of ``model`` (``model`` itself included) for its drop-in from
+    """Swap, in place, every ``nn.Linear``, ``nn.Embedding``, ``nn.LSTMCell``
+    and ``transformers``' ``Conv1D`` of ``model`` (``model`` itself included) for its drop-in from
     ``torch_ctxext.nn``; returns ``model``.
 
     The modules stay the same objects with the same parameters (tied ones
     stay tied), buffers, hooks and ``state_dict``: only their class changes,
     to a subclass whose forward adds gradients into
     ``ctx.input_grad_buffers`` where the engine exposes one
-    (:class:`FusedLinear`, :class:`FusedEmbedding`, :class:`FusedLSTMCell`).
+    (:class:`FusedLinear`, :class:`FusedEmbedding`, :class:`FusedLSTMCell`,
+    ``FusedConv1D``).
     Call it before wrapping the model (``DistributedDataParallel``,
     ``fully_shard``, ``torch.compile``); subclasses of the stock modules and
     sparse embeddings are left as they are. ``torch_ctxext.advise(model)``

@@ -30,9 +30,11 @@ while the parameters stay float32: the Function then declares
 gradient, computes the weight and bias gradients in float32 and accumulates
 them into the float32 buffers without a cast.
 
-The bias's fused path still sums the output gradient over the rows
-(``g.sum(0)``, ``D_out`` elements): it saves the engine's add and the
-returned tensor, not that sum.
+No fused path allocates: the bias's row sum is accumulated in place
+(``addmv_`` with a cached vector of ones), and the input's gradient, where
+this layer runs first and returns it, is a tensor of its own (not a view),
+so the next layer that reads the same input adds into it (q, k and v
+reading one hidden state fuse whichever runs first).
 
     >>> import torch
     >>> from torch_ctxext.nn import FusedLinear
@@ -47,13 +49,9 @@ import torch
 import torch.nn.functional as F
 
 from ._buffers import readable_buffers
+from ._matmul import backward as matmul_backward
 
 __all__ = ["FusedLinear", "FusedLinearFunction"]
-
-
-def _as_matrix(t):
-    """(..., features) -> (rows, features), a view where possible."""
-    return t.reshape(-1, t.shape[-1])
 
 
 class FusedLinearFunction(torch.autograd.Function):
@@ -69,6 +67,7 @@ class FusedLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.fuse = fuse
         ctx.has_bias = bias is not None
+        ctx.x_dim = x.dim()
         if out.dtype != weight.dtype:
             # autocast computed the output in lower precision: take its
             # gradient in the parameters' precision.
@@ -76,31 +75,17 @@ class FusedLinearFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        x_buf, w_buf, b_buf, _ = readable_buffers(ctx, ctx.fuse)
-        g = _as_matrix(grad_out)
-        grad_x = grad_w = grad_b = None
+    def stock_gradient_is_view(ctx, index):
+        """Whether ``nn.Linear``'s own backward returns argument ``index``'s
+        gradient as a view, which the engine cannot add into (it sums out of
+        place instead): the weight's (``weight.t()``), the bias's (reduced to
+        its shape) and a batched input's (reshaped back). ``advise`` counts
+        that sum as avoided where this Function's gradient came first."""
+        return index in (1, 2) or (index == 0 and ctx.x_dim != 2)
 
-        if ctx.needs_input_grad[0]:
-            g_x = g.to(x.dtype)
-            w_x = weight.to(x.dtype)
-            if x_buf is not None and x_buf.is_contiguous() and x_buf.dtype == x.dtype:
-                x_buf.view(-1, x.shape[-1]).addmm_(g_x, w_x)
-            else:
-                grad_x = (g_x @ w_x).view(x.shape)
-        if ctx.needs_input_grad[1]:
-            x2 = _as_matrix(x).to(g.dtype)
-            if w_buf is not None and w_buf.dtype == g.dtype:
-                w_buf.addmm_(g.t(), x2)
-            else:
-                grad_w = (g.t() @ x2).to(weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            if b_buf is not None and b_buf.dtype == g.dtype:
-                b_buf.add_(g.sum(0))
-            else:
-                grad_b = g.sum(0)
-        return grad_x, grad_w, grad_b, None
+    @staticmethod
+    def backward(ctx, grad_out):
+        return matmul_backward(ctx, grad_out, readable_buffers(ctx, ctx.fuse)[:3], stored_out_in=True)
 
 
 class FusedLinear(torch.nn.Linear):

@@ -1,0 +1,173 @@
+"""``print(report)``: what ``advise`` saw, as a person reads it at a glance.
+
+At most ``width`` columns (100 by default; ``report.table(width=None)`` does
+not cut): a header, one "do this" line (``torch_ctxext.nn.fuse(model) saves
+1.3 MiB per step: 10 x FusedLinear, 1 x FusedEmbedding``), the tensors that
+fusing saves or saved, the most first, each with its producers and their
+module classes, then one folded line for the tensors nothing can save, naming
+the module classes that have no drop-in. ``report.as_dict()`` keeps
+everything.
+"""
+import collections
+import re
+import textwrap
+
+__all__ = ["fmt_bytes", "render"]
+
+
+def fmt_bytes(n):
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 ** 2:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / 1024 ** 2:.2f} MiB"
+
+
+def count(n, noun):
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def natural(name):
+    """Sort key: "cell#2" before "cell#10"."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _cut(text, width):
+    if width is None or len(text) <= width:
+        return text
+    return text[:max(width - 3, 0)] + "..."
+
+
+def shorten(text, n):
+    """``text`` in at most ``n`` characters: its start and its end, the middle
+    elided (a module path keeps its root and its leaf)."""
+    if n is None or len(text) <= n:
+        return text
+    if n < 8:
+        return text[:n]
+    head = n // 3
+    return text[:head] + "..." + text[len(text) - (n - head - 3):]
+
+
+def producers_summary(producers):
+    """``3 x Linear (q_proj, k_proj, v_proj)``: the producers by module class
+    (their op where no module made them), with the modules' last names."""
+    groups = {}
+    for p in producers:
+        key = p.stock or p.op
+        leaf = p.module.split("#")[0].rsplit(".", 1)[-1] if p.module else None
+        count_, leaves = groups.get(key, (0, []))
+        if leaf and leaf not in leaves:
+            leaves.append(leaf)
+        groups[key] = (count_ + 1, leaves)
+    return ", ".join(f"{n} x {key}" + (f" ({', '.join(leaves)})" if leaves and p_is_module(key, producers) else "")
+                     for key, (n, leaves) in groups.items())
+
+
+def p_is_module(key, producers):
+    return any(p.stock == key for p in producers)
+
+
+def _without_drop_in(slots):
+    """Module classes of the producers that no drop-in replaces."""
+    classes = collections.Counter()
+    for s in slots:
+        for p in s.producers:
+            if p.stock and not p.drop_in and not p.stock.startswith("Fused"):
+                classes[p.stock] += 1
+    return [name for name, _ in classes.most_common()]
+
+
+def _do_this(report):
+    drop_ins = report.drop_ins.values()
+    if report.avoidable_bytes:
+        kinds = collections.Counter(d.drop_in for d in drop_ins if d.avoidable_bytes)
+        what = ", ".join(f"{n} x {name}" for name, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+        return (f"do this: torch_ctxext.nn.fuse(model) saves {fmt_bytes(report.avoidable_bytes)} per step"
+                + (f": {what}" if what else ""))
+    if report.avoided_bytes:
+        return f"fused: the drop-ins avoided {fmt_bytes(report.avoided_bytes)} this step; nothing more to swap"
+    return "nothing to do: no drop-in would save anything in this step"
+
+
+MAX_ROWS = 12  # tensors listed at a width; the others are summed in one line
+
+
+def _tensor(slot, lead, width):
+    """``name (tied: ...) <- producers`` after ``lead``: on one line where it
+    fits in ``width`` columns, else the producers on a line of their own
+    under the name, each shortened in the middle to fit."""
+    name = slot.name + (f" (tied: {', '.join(slot.tied)})" if slot.tied else "")
+    producers = "<- " + producers_summary(slot.producers)
+    one = f"{lead}{name} {producers}"
+    if width is None or len(one) <= width:
+        return [one]
+    room = width - len(lead)
+    return [lead + shorten(name, room), " " * len(lead) + _cut(producers, room)]
+
+
+def render(report, width=100):
+    slots = report.slots
+    temporaries = sum(s.temporaries + s.summed_out_of_place for s in slots)
+    lines = [
+        f"torch_ctxext.advise: {report.model + ', ' if report.model else ''}"
+        f"{count(report.backwards, 'backward')}; {count(len(slots), 'tensor')} received more than one gradient",
+        f"  temporaries allocated to accumulate them: {count(temporaries, 'gradient')}, "
+        f"{fmt_bytes(report.temporary_bytes)}",
+        f"  fusing avoided {fmt_bytes(report.avoided_bytes)}; the drop-ins would save "
+        f"{fmt_bytes(report.avoidable_bytes)} more (at most {fmt_bytes(report.avoidable_peak_bytes)} "
+        "of it at one time)",
+        _do_this(report),
+    ]
+    saving = [s for s in slots if s.avoidable_bytes or s.avoided_bytes]
+    rows_shown = len(saving) if width is None else MAX_ROWS
+    shown, more = saving[:rows_shown], saving[rows_shown:]
+    folded = [s for s in slots if not (s.avoidable_bytes or s.avoided_bytes)]
+    if shown:
+        rows = [("saves", "avoided", "temporaries", "gradient", None)]
+        for s in shown:
+            temps = f"{s.temporaries}" + (f" + {s.summed_out_of_place} sum" if s.summed_out_of_place else "")
+            rows.append((fmt_bytes(s.avoidable_bytes) if s.avoidable_bytes else "-",
+                         fmt_bytes(s.avoided_bytes) if s.avoided_bytes else "-",
+                         temps, fmt_bytes(s.grad_bytes), s))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines.append("")
+        for r in rows:
+            lead = "  " + "  ".join(r[i].rjust(widths[i]) for i in range(4)) + "  "
+            lines += [lead + "tensor <- producers"] if r[4] is None else _tensor(r[4], lead, width)
+        if more:
+            saves, avoided = sum(s.avoidable_bytes for s in more), sum(s.avoided_bytes for s in more)
+            lines.append(f"  + {count(len(more), 'more tensor')}: "
+                         + ", ".join(([f"the drop-ins save {fmt_bytes(saves)}"] if saves else [])
+                                     + ([f"fusing avoided {fmt_bytes(avoided)}"] if avoided else []))
+                         + " (report.as_dict()['slots'])")
+    if folded:
+        classes = _without_drop_in(folded)
+        temporary = fmt_bytes(sum(s.temporary_bytes for s in folded))
+        text = (f"+ {count(len(folded), 'tensor')} that no drop-in saves ({temporary} of temporaries)"
+                + (f": no drop-in for {', '.join(classes)}" if classes else ""))
+        lines.append("")
+        lines += textwrap.wrap(text, width=width or 10 ** 6, initial_indent="  ", subsequent_indent="    ")
+    if report.drop_ins:
+        ranked = report._drop_ins_sorted()
+        lines += ["", "drop-ins (torch_ctxext.nn.fuse(model) swaps them all in):"]
+        limit = len(ranked) if width is None else MAX_ROWS // 2
+        for d in ranked[:limit]:
+            tail = f": {d.stock} -> torch_ctxext.nn.{d.drop_in}, saves {fmt_bytes(d.avoidable_bytes)}"
+            lines.append("  " + shorten(d.module, None if width is None else width - 2 - len(tail)) + tail)
+        if len(ranked) > limit:
+            rest = ranked[limit:]
+            lines.append(f"  ... and {count(len(rest), 'module')} more, "
+                         f"{fmt_bytes(sum(d.avoidable_bytes for d in rest))} (report.as_dict()['drop_ins'])")
+    if report.functions:
+        lines += ["", "custom Functions that read ctx.input_grad_buffers:"]
+        for _, f in sorted(report.functions.items()):
+            lines += textwrap.wrap(str(f), width=width or 10 ** 6, initial_indent="  ", subsequent_indent="    ")
+    if report.notes:
+        lines.append("")
+        for n in report.notes:
+            lines += textwrap.wrap(f"note: {n}", width=width or 10 ** 6, subsequent_indent="  ")
+    if width is not None:  # the header and the "do this" line, wrapped
+        lines[:4] = [part for line in lines[:4] for part in
+                     textwrap.wrap(line, width=width, subsequent_indent="    ", break_on_hyphens=False)]
+    return "\n".join(lines)
