@@ -385,6 +385,12 @@ matrix)
         echo "== torch $version: $(( $(date +%s) - t0 )) s (venv and build $(( t1 - t0 )) s, check $(( t2 - t1 )) s$($bench && echo ", benchmark $(( $(date +%s) - t2 )) s" || true))"
     done
     if $keep_reference && ! $keep && [ -z "${existed[$reference]:-}" ]; then rm -rf "$cache/venv-$reference"; fi
+    # CPython 3.12 (CI tests 3.10, 3.11 and 3.13): the binary wheel, as a user
+    # installs it, and the plugin's tests, with the newest release that needs a binary.
+    newest=${releases[${#releases[@]}-2]}
+    build_wheels --python 3.12 --torch "$newest" --out "$out/dist" | tail -n 3
+    wheel_tests "$newest" 3.12 "$out/dist" plugin
+    $keep || rm -rf "$(venv_dir "$newest" 3.12)"
     python3 "$root/tools/compat_matrix.py" --store "$out"/check-*.json
     echo "== compatibility matrix regenerated (docs/compatibility.md, README.md, docs/compat/)"
     echo "== matrix: ${#matrix_releases[@]} releases in $(( $(date +%s) - start )) s"
