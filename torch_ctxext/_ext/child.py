@@ -12,17 +12,23 @@ Linux lets the parent choose the signal a child sends at its exit (the low
 byte of ``clone``'s flags): a child started with none is a "clone child".
 The kernel never reaps one on its own, whatever SIGCHLD's disposition;
 ``waitpid(-1)`` and ``waitpid(pid)`` without ``__WALL`` do not see it; it
-signals nobody when it exits. So :func:`run` starts the child with
-``clone(0)`` (a fork that sends no signal), which execs the command at once,
-and reaps it itself with ``waitpid(pid, __WALL)``: the status read is the
-child's own, and the importer's handlers never run for it.
+signals nobody when it exits. An exec makes it an ordinary child again (the
+kernel resets the exit signal to SIGCHLD at every exec), so :func:`run`
+starts an intermediate with ``clone(0)`` that never execs: it sets SIGCHLD
+back to the default for itself, starts the command with ``posix_spawn``
+(the command is the intermediate's child, so neither the importer's
+disposition nor its handler applies to it), waits for it and writes its
+wait status to a pipe. The importer reads the status there and reaps the
+intermediate itself with ``waitpid(pid, __WALL)``: the status is the
+command's own, and the importer's handlers never run for either.
 
-Between ``clone`` and ``exec`` the child runs only calls prepared before the
-clone (ctypes functions called with the GIL held, whose arguments were
-converted in the parent): no import, no allocation by the C library that a
-thread of the parent could have held a lock of. A command's own children
-inherit an ignored SIGCHLD across ``exec``: the commands torch_ctxext runs
-set it back to the default first (:func:`default_sigchld`).
+Between ``clone`` and its exit the intermediate runs only calls prepared
+before the clone (ctypes functions called with the GIL held, whose
+arguments were converted in the parent): no import, and no allocation by
+the C library that another thread of the parent could have held a lock of.
+A command inherits an ignored signal across exec; posix_spawn sets SIGCHLD,
+SIGPIPE, SIGINT, SIGTERM and SIGHUP back to the default and unblocks every
+signal in the command.
 
 The standard library only: setup.py and the build's own child processes
 load this file by its path.
@@ -63,9 +69,9 @@ class ChildTimeout(Exception):
 
 
 def default_sigchld():
-    """Set SIGCHLD back to the default in a command torch_ctxext started
-    (an ignored SIGCHLD survives exec, and under it nothing the command
-    starts can be waited for). Called first thing by those commands."""
+    """Set SIGCHLD back to the default in this process, where it was
+    ignored (an ignored SIGCHLD survives exec, and under it nothing this
+    process starts can be waited for)."""
     if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 

@@ -280,11 +280,12 @@ def load():
     elif not build.jit_enabled():
         raise _mismatch(packaged[1], packaged[2]) if packaged else _not_built(looked)
     else:
-        reason = (
-            f"the installed build is for torch {packaged[1]} (git {packaged[2][:12]})"
-            if packaged
-            else f"no packaged binary fits ({looked})"
-        )
+        if packaged:
+            reason = f"the installed build is for torch {packaged[1]} (git {packaged[2][:12]})"
+        elif packaged_binaries():
+            reason = f"none of its packaged binaries fits ({looked})"
+        else:
+            reason = "this copy of torch_ctxext carries no build (installed from source)"
         path, built = build.build(reason)
         origin = "built" if built else "cache"  # or another process built it meanwhile
         choice = f"{reason}; built at this import" if built else f"{reason}; the build in the cache: loaded"
