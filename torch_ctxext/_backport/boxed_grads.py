@@ -72,9 +72,13 @@ def _install_path():
     for this very libtorch_python): nothing of autograd runs here."""
     from .._ext import loader
 
+    from .._ext import layout_verdict
+
     facts = loader.verdict["facts"]  # there is one: members are installed only after it
     offset = facts.get("pynode_vtable_offset")
-    if not isinstance(offset, int):
+    # Data from a file: an offset the loader did not take for one (read()
+    # refuses those) never reaches the extension as an address.
+    if not layout_verdict.is_offset(offset):
         raise RuntimeError(
             "torch_ctxext: the layout probe did not find PyNode's vtable in this torch build "
             f"({facts.get('pynode_vtable_offset_error', 'no offset recorded')}); "

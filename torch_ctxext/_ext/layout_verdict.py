@@ -202,6 +202,10 @@ class ProbeNotRun(Exception):
     killed): not recorded, the next import tries again."""
 
 
+class ProbeTimedOut(ProbeNotRun):
+    """The probe did not finish in time (stuck, not killed)."""
+
+
 def _child_environment():
     env = dict(os.environ)
     # The probe runs on the CPU: no GPU is touched, no out-of-tree backend
@@ -285,7 +289,7 @@ def probe(library, timeout=PROBE_TIMEOUT):
         ended = child.run([sys.executable, "-c", _CHILD, json.dumps(spec)], env=_child_environment(),
                           cwd=PROBE_CWD, timeout=timeout)
     except child.ChildTimeout:
-        raise ProbeNotRun(f"the layout probe did not finish within {timeout:.0f} s") from None
+        raise ProbeTimedOut(f"the layout probe did not finish within {timeout:.0f} s") from None
     except child.ChildNotStarted as e:
         raise ProbeNotRun(f"the layout probe could not start {sys.executable!r} ({e.strerror or e})") from None
     if ended.signal is not None:
@@ -356,7 +360,17 @@ def read(path):
     found, facts = record.get("found"), record.get("facts")
     if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()) or not isinstance(facts, dict):
         return None
+    if "pynode_vtable_offset" in facts and not is_offset(facts["pynode_vtable_offset"]):
+        return None
     return record
+
+
+def is_offset(value):
+    """Whether ``value`` can be an offset into a loaded library (a positive
+    int, pointer-aligned, below 2**40: not a bool, a float, 2**64). That it
+    is PyNode's vtable is checked in the process, before it is read through
+    (the extension's ``is_pynode_vtable_offset``)."""
+    return type(value) is int and 0 < value < 1 << 40 and value % 8 == 0
 
 
 def verdicts(found):
