@@ -16,7 +16,8 @@ The record is checked before the shared library is loaded, and the library
 repeats the check with the values compiled into it. Then
 :func:`layout_verdict` says which members the build must not provide on this
 torch: the verdict of the layout probe, made once per build and torch in a
-child process (``layout_verdict``), read from beside the build.
+child process (``layout_verdict``), read from beside the build (or from
+the cache's or the importer's own ``layouts/``), never trusted as an address.
 """
 import collections
 import contextlib
@@ -24,10 +25,11 @@ import functools
 import importlib.util
 import os
 import sys
+import warnings
 
 import torch
 
-from .. import _releases
+from .. import _features, _releases
 from . import build, build_cache, layout_verdict as _verdict
 from .build import ExtensionBuildError  # noqa: F401  (raised by load())
 
@@ -241,11 +243,7 @@ def _unverified(why):
         "(`python -m torch_ctxext build` verifies ahead of time)"
     )
     # Said, not only recorded: the other ranks of the job may have them.
-    import warnings
-
-    from .._features import ExtensionUnavailableWarning
-
-    warnings.warn(reason, ExtensionUnavailableWarning, stacklevel=3)
+    warnings.warn(reason, _features.ExtensionUnavailableWarning, stacklevel=3)
     return {member: reason for member in _verdict.NEEDS}
 
 
@@ -264,6 +262,8 @@ def layout_verdict():
         return _unverified(str(e))
     except build._LockTimeout as e:
         return _unverified(f"it waited {e.timeout:.0f} s for another process's verification")
+    except OSError as e:  # the lock file went away or became unreadable meanwhile
+        return _unverified(f"{e.strerror or e}: {e.filename}")
     return _verdict.verdicts(verdict["found"])
 
 
