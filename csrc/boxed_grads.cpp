@@ -239,12 +239,33 @@ variable_list boxed_apply(Node* self, variable_list&& inputs) {
 
 // Whether `vtable` is PyNode's: its RTTI, one slot before the first virtual
 // function, names the type, and its apply slot points into libtorch_python.
-// PyNode::apply itself is not an exported symbol.
+// PyNode::apply itself is not an exported symbol. Every address is checked
+// to lie in memory the loader mapped readable before it is read: `vtable`
+// may come from a file (the verdict's offset), and a wrong one must read as
+// "not PyNode's", never crash the process.
 bool is_pynode_vtable(void** vtable, size_t slot) {
-  const auto* type = reinterpret_cast<const std::type_info*>(vtable[-1]);
+  const void* libtorch_python = reinterpret_cast<const void*>(&THPVariableClass);
+  if (reinterpret_cast<uintptr_t>(vtable) % alignof(void*) != 0 ||
+      !readable_loaded(vtable - 1, (slot + 2) * sizeof(void*), libtorch_python)) {
+    return false;
+  }
+  // std::type_info, as the Itanium C++ ABI lays it out: its own vtable
+  // pointer, then its name (read here as data, not through name()).
+  const auto* type = static_cast<const char* const*>(vtable[-1]);
+  if (type == nullptr || reinterpret_cast<uintptr_t>(type) % alignof(void*) != 0 ||
+      !readable_loaded(type, 2 * sizeof(void*))) {
+    return false;
+  }
+  static constexpr char kName[] = "N5torch8autograd6PyNodeE";
+  const char* name = type[1];
+  if (name == nullptr || !readable_loaded(name, 1)) {
+    return false;
+  }
+  if (*name == '*') {  // a name marked local to its library: name() skips it
+    ++name;
+  }
   Dl_info info;
-  return type != nullptr &&
-      std::strcmp(type->name(), "N5torch8autograd6PyNodeE") == 0 &&
+  return readable_loaded(name, sizeof(kName)) && std::memcmp(name, kName, sizeof(kName)) == 0 &&
       dladdr(vtable[slot], &info) != 0 && info.dli_fname != nullptr &&
       std::strstr(info.dli_fname, "libtorch_python") != nullptr;
 }
@@ -281,21 +302,43 @@ std::ptrdiff_t pynode_vtable_offset(PyObject* sample_ctx) {
   return reinterpret_cast<char*>(vtable) - libtorch_python_base();
 }
 
-void install_boxed_grads_path(std::ptrdiff_t vtable_offset) {
+namespace {
+
+// PyNode's vtable at `vtable_offset` from libtorch_python's load address (or
+// its apply slot already routed here), else nullptr. Nothing is read before
+// the address is known to lie in libtorch_python's readable segments.
+void** pynode_vtable_at(std::ptrdiff_t vtable_offset) {
   char* base = libtorch_python_base();
+  // Beyond any library's size: refused before the sum can wrap.
+  if (vtable_offset <= 0 || vtable_offset >= (std::ptrdiff_t{1} << 40)) {
+    return nullptr;
+  }
   void** vtable = reinterpret_cast<void**>(base + vtable_offset);
+  const size_t slot = apply_slot();
+  if (reinterpret_cast<uintptr_t>(vtable) % alignof(void*) == 0 &&
+      readable_loaded(vtable - 1, (slot + 2) * sizeof(void*), base) &&
+      vtable[slot] == reinterpret_cast<void*>(&boxed_apply)) {
+    return vtable;
+  }
+  return is_pynode_vtable(vtable, slot) ? vtable : nullptr;
+}
+
+}  // namespace
+
+bool is_pynode_vtable_offset(std::ptrdiff_t vtable_offset) {
+  return pynode_vtable_at(vtable_offset) != nullptr;
+}
+
+void install_boxed_grads_path(std::ptrdiff_t vtable_offset) {
   // The offset comes from the layout verdict of this very libtorch_python
-  // (keyed by its build id); still, look before reading through it.
-  Dl_info info;
-  if (dladdr(vtable, &info) == 0 || info.dli_fbase != base) {
+  // (keyed by its build id); still, it is data from a file: bounded first.
+  void** vtable = pynode_vtable_at(vtable_offset);
+  if (vtable == nullptr) {
     no_pynode_vtable();
   }
   const size_t slot = apply_slot();
   if (vtable[slot] == reinterpret_cast<void*>(&boxed_apply)) {
     return;
-  }
-  if (!is_pynode_vtable(vtable, slot)) {
-    no_pynode_vtable();
   }
   original_apply = reinterpret_cast<ApplyFn>(vtable[slot]);
   write_code_pointer(&vtable[slot], reinterpret_cast<void*>(&boxed_apply));
@@ -304,6 +347,10 @@ void install_boxed_grads_path(std::ptrdiff_t vtable_offset) {
 #else  // torch >= 2.13 has boxed_grads_call natively
 
 std::ptrdiff_t pynode_vtable_offset(PyObject*) {
+  throw std::logic_error("torch_ctxext: boxed grads are native on this torch");
+}
+
+bool is_pynode_vtable_offset(std::ptrdiff_t) {
   throw std::logic_error("torch_ctxext: boxed grads are native on this torch");
 }
 

@@ -12,6 +12,12 @@ namespace torch_ctxext {
 // the build's layout verdict, keyed by libtorch_python's build id.
 std::ptrdiff_t pynode_vtable_offset(PyObject* sample_ctx);
 
+// Whether PyNode's vtable is at `vtable_offset` in libtorch_python (its
+// RTTI names PyNode), every address checked to lie in libtorch_python's
+// readable segments before it is read: false for any other offset, never a
+// crash. The loader asks it of a verdict's offset before trusting it.
+bool is_pynode_vtable_offset(std::ptrdiff_t vtable_offset);
+
 // Route every PyNode::apply through torch_ctxext's boxed path, PyNode's
 // vtable being at `vtable_offset` in libtorch_python (checked: its RTTI
 // names PyNode). For a boxed Function the engine's call then reaches

@@ -310,6 +310,8 @@ PYBIND11_MODULE(_C, m) {
       "pynode_vtable_offset",
       [](py::handle ctx) { return torch_ctxext::pynode_vtable_offset(ctx.ptr()); },
       py::arg("sample_ctx"));
+  m.def("is_pynode_vtable_offset", &torch_ctxext::is_pynode_vtable_offset,
+        py::arg("vtable_offset"));
   m.def("install_boxed_grads_path", &torch_ctxext::install_boxed_grads_path,
         py::arg("vtable_offset"));
 #endif

@@ -141,6 +141,52 @@ int search_object(struct dl_phdr_info* info, size_t, void* data) {
 
 }  // namespace
 
+namespace {
+
+struct ReadableSearch {
+  uintptr_t start, end, anchor;
+  bool found = false;
+};
+
+bool segment_contains(const dl_phdr_info* info, const ElfW(Phdr)& segment,
+                      uintptr_t start, uintptr_t end) {
+  const uintptr_t low = info->dlpi_addr + segment.p_vaddr;
+  return segment.p_type == PT_LOAD && start >= low && end <= low + segment.p_memsz;
+}
+
+int search_readable(dl_phdr_info* info, size_t, void* data) {
+  auto* search = static_cast<ReadableSearch*>(data);
+  if (search->anchor != 0) {
+    bool holds_anchor = false;
+    for (int i = 0; i < info->dlpi_phnum && !holds_anchor; ++i) {
+      holds_anchor = segment_contains(info, info->dlpi_phdr[i], search->anchor, search->anchor + 1);
+    }
+    if (!holds_anchor) {
+      return 0;
+    }
+  }
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    if ((info->dlpi_phdr[i].p_flags & PF_R) &&
+        segment_contains(info, info->dlpi_phdr[i], search->start, search->end)) {
+      search->found = true;
+      return 1;
+    }
+  }
+  return search->anchor != 0 ? 1 : 0;  // the anchor's object does not hold it
+}
+
+}  // namespace
+
+bool readable_loaded(const void* start, size_t length, const void* anchor) {
+  const auto low = reinterpret_cast<uintptr_t>(start);
+  if (low == 0 || length == 0 || low + length < low) {
+    return false;
+  }
+  ReadableSearch search{low, low + length, reinterpret_cast<uintptr_t>(anchor)};
+  dl_iterate_phdr(search_readable, &search);
+  return search.found;
+}
+
 void** find_got_slot(const std::string& library, const std::string& symbol) {
   GotSearch search{&library, &symbol};
   dl_iterate_phdr(search_object, &search);

@@ -10,6 +10,7 @@
 // No torch header here: this translation unit builds in a second.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace torch_ctxext {
@@ -23,5 +24,12 @@ void write_code_pointer(void** slot, void* value);
 // nullptr when that library makes no such call through its GOT (a direct or
 // an inlined call cannot be hooked this way).
 void** find_got_slot(const std::string& library, const std::string& symbol);
+
+// Whether [start, start + length) lies inside one readable segment (a
+// PT_LOAD with PF_R, as the dynamic loader mapped it) of a loaded shared
+// object; with `anchor`, of the object that contains `anchor`. Reads only
+// the loader's own program headers: an address from a file (a layout
+// verdict) is checked with it before anything is read through it.
+bool readable_loaded(const void* start, size_t length, const void* anchor = nullptr);
 
 }  // namespace torch_ctxext

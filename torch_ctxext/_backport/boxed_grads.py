@@ -72,9 +72,13 @@ def _install_path():
     for this very libtorch_python): nothing of autograd runs here."""
     from .._ext import loader
 
+    from .._ext import layout_verdict
+
     facts = loader.verdict["facts"]  # there is one: members are installed only after it
     offset = facts.get("pynode_vtable_offset")
-    if not isinstance(offset, int):
+    # Data from a file: an offset the loader did not take for one (read()
+    # refuses those) never reaches the extension as an address.
+    if not layout_verdict.is_offset(offset):
         raise RuntimeError(
             "torch_ctxext: the layout probe did not find PyNode's vtable in this torch build "
             f"({facts.get('pynode_vtable_offset_error', 'no offset recorded')}); "
@@ -158,28 +162,44 @@ def _patch_compiled_autograd(module):
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Patches compiled autograd when it is first imported: importing it
-    ourselves would load torch._dynamo into every process."""
+    ourselves would load torch._dynamo into every process.
+
+    In ``sys.meta_path`` from torch_ctxext's import (where the boxed path is
+    installed and compiled autograd is not yet imported) until compiled
+    autograd is patched; then it takes itself out, and ``sys.meta_path`` is
+    as it was. It never edits the list while it looks: another thread's
+    import walks that same list, and an entry removed and put back under it
+    could make it skip a finder."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != COMPILED_AUTOGRAD_MODULE:
             return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
+        spec = None
+        for finder in list(sys.meta_path):  # the others, as the import system would
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_and_patch(module):
             exec_module(module)
             _patch_compiled_autograd(module)
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
+            _leave(self)
 
         spec.loader.exec_module = exec_and_patch
         return spec
+
+
+def _leave(finder):
+    """Take ``finder`` out of sys.meta_path (once: a single removal)."""
+    try:
+        sys.meta_path.remove(finder)
+    except ValueError:  # someone else did
+        pass
 
 
 def _compiled_autograd_refuses_boxed_functions():

@@ -38,7 +38,6 @@ import json
 import os
 import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -154,22 +153,35 @@ def beside(library):
 
 # --- the probe, in a child process ------------------------------------------
 
-# Run as `python -c _CHILD spec`: the importing process's sys.path, the
+# Run as `python -c _CHILD spec` (child.run: the importer's SIGCHLD neither
+# breaks it nor sees it), in "/": the importer's import path (strings, less
+# the entry Python put first for its cwd or script, ``probe_path``), the
 # extension loaded under a name of its own, layout_check loaded by its path
-# (it needs torch only). One JSON line on stdout: {"found": {...}, "facts": {...}}.
+# (it needs torch only). Its answer is the line after ANSWER (its stdout and
+# stderr come as one stream).
+ANSWER = "torch_ctxext-layout-probe-answer: "
 _CHILD = r"""
-import ctypes, importlib.util, json, os, signal, sys
+import sys
+# Before any other import: with -c, Python put "" (the cwd) first.
+sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+import ctypes, importlib.util, json, os, signal
+# An ignored SIGCHLD survives exec (child.default_sigchld, by hand: this
+# script loads nothing of torch_ctxext).
+if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 spec = json.loads(sys.argv[1])
-try:  # ends with the importing process (nothing of it outlives an import killed meanwhile)
+try:  # ends with child.run's intermediate, which ends with the importer
     ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 except (OSError, AttributeError):
     pass
-if os.getppid() != spec["parent"]:
+try:
+    os.kill(spec["parent"], 0)
+except ProcessLookupError:  # the importer ended before PDEATHSIG was set
     sys.exit(1)
 sys.path[:] = spec["path"]
 import torch
 if torch.__file__ != spec["torch"]:
-    print(json.dumps({"error": "the probe's process imported torch from %s, not %s" % (torch.__file__, spec["torch"])}))
+    print(spec["answer"] + json.dumps({"error": "the probe's process imported torch from %s, not %s" % (torch.__file__, spec["torch"])}), flush=True)
     sys.exit(0)
 def load(name, path):
     s = importlib.util.spec_from_file_location(name, path)
@@ -178,13 +190,20 @@ def load(name, path):
     return module
 ext = load("_torch_ctxext_layout_probe._C", spec["library"])
 check = load("_torch_ctxext_layout_probe_check", spec["layout_check"])
-print(json.dumps({"found": check.mismatches(ext), "facts": check.facts(ext)}), flush=True)
+print(spec["answer"] + json.dumps({"found": check.mismatches(ext), "facts": check.facts(ext)}), flush=True)
 """
+# The probe's working directory: none of the importer's (a json.py or
+# signal.py there would be imported in its place).
+PROBE_CWD = "/"
 
 
 class ProbeNotRun(Exception):
     """The probe could not give a verdict (could not start, timed out, was
     killed): not recorded, the next import tries again."""
+
+
+class ProbeTimedOut(ProbeNotRun):
+    """The probe did not finish in time (stuck, not killed)."""
 
 
 def _child_environment():
@@ -195,6 +214,67 @@ def _child_environment():
     return env
 
 
+def _implicit_first_entry():
+    """The entry Python itself put first on the importer's path (its cwd for
+    ``-c``, ``-m`` and the prompt, its script's directory), or None where
+    it put none (``-P``, ``-I``, an embedding without argv)."""
+    if getattr(sys.flags, "safe_path", False) or sys.flags.isolated or not getattr(sys, "argv", None):
+        return None
+    script = sys.argv[0]
+    if script in ("", "-c"):
+        return {"", os.getcwd()}
+    return {os.getcwd(), os.path.dirname(os.path.realpath(script)), os.path.dirname(os.path.abspath(script))}
+
+
+def probe_path():
+    """The import path the probe runs with: the importer's ``sys.path``
+    entries that its own imports use (strings; bytes decoded; anything else,
+    a ``pathlib.Path`` say, is skipped by the import system and here too),
+    absolute (the probe runs in another directory), less the entry Python
+    put first for the importer's cwd or script directory. Whatever the
+    importer put there itself stays; if torch resolves from elsewhere
+    without that entry, the probe says so (and gives no verdict)."""
+    entries = [os.fsdecode(e) for e in sys.path if isinstance(e, (str, bytes))]
+    implicit = _implicit_first_entry()
+    if entries and implicit is not None and (entries[0] in implicit or os.path.abspath(entries[0]) in implicit):
+        entries = entries[1:]
+    path = []
+    for entry in entries:
+        entry = os.path.abspath(entry)
+        if entry not in path:
+            path.append(entry)
+    return path
+
+
+def _child_module():
+    """torch_ctxext._ext.child; loaded by its path where this module was
+    (setup.py loads this file so, without the package)."""
+    if __package__:
+        from . import child
+
+        return child
+    name = "_torch_ctxext_child"
+    if name not in sys.modules:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(LAYOUT_CHECK), "child.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def _crash_or_not_run(sig):
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    if sig in _CRASHES:
+        crash = f"the layout probe crashed ({name}) reading it"
+        return {part: crash for part in PARTS}, {}
+    raise ProbeNotRun(f"the layout probe was killed by {name}")
+
+
 def probe(library, timeout=PROBE_TIMEOUT):
     """({structure: what did not read back}, {fact: value}) for ``library``
     against the running torch (empty: everything read back as expected),
@@ -202,39 +282,32 @@ def probe(library, timeout=PROBE_TIMEOUT):
     structure); ProbeNotRun when there is none."""
     import torch
 
-    spec = {"path": list(sys.path), "torch": torch.__file__, "library": os.path.abspath(library),
-            "layout_check": LAYOUT_CHECK, "parent": os.getpid()}
+    child = _child_module()
+    spec = {"path": probe_path(), "torch": torch.__file__, "library": os.path.abspath(library),
+            "layout_check": LAYOUT_CHECK, "parent": os.getpid(), "answer": ANSWER}
     try:
-        child = subprocess.run(
-            [sys.executable, "-c", _CHILD, json.dumps(spec)], stdin=subprocess.DEVNULL,
-            capture_output=True, text=True, errors="replace", timeout=timeout, env=_child_environment(),
-        )
-    except subprocess.TimeoutExpired:
-        raise ProbeNotRun(f"the layout probe did not finish within {timeout:.0f} s") from None
-    except OSError as e:
+        ended = child.run([sys.executable, "-c", _CHILD, json.dumps(spec)], env=_child_environment(),
+                          cwd=PROBE_CWD, timeout=timeout)
+    except child.ChildTimeout:
+        raise ProbeTimedOut(f"the layout probe did not finish within {timeout:.0f} s") from None
+    except child.ChildNotStarted as e:
         raise ProbeNotRun(f"the layout probe could not start {sys.executable!r} ({e.strerror or e})") from None
-    said = (child.stderr.strip().splitlines() or [""])[-1]
-    if child.returncode < 0:
-        try:
-            name = signal.Signals(-child.returncode)
-        except ValueError:
-            name = f"signal {-child.returncode}"
-        if -child.returncode in _CRASHES:
-            crash = f"the layout probe crashed ({getattr(name, 'name', name)}) reading it"
-            return {part: crash for part in PARTS}, {}
-        raise ProbeNotRun(f"the layout probe was killed by {getattr(name, 'name', name)}")
-    lines = child.stdout.strip().splitlines()
+    if ended.signal is not None:
+        return _crash_or_not_run(ended.signal)
+    lines = ended.output.strip().splitlines()
+    answers = [line[len(ANSWER):] for line in lines if line.startswith(ANSWER)]
+    said = ([line for line in lines if not line.startswith(ANSWER)] or [""])[-1]
     try:
-        answer = json.loads(lines[-1]) if lines else None
+        answer = json.loads(answers[-1]) if answers else None
     except ValueError:
         answer = None
-    if not isinstance(answer, dict) or child.returncode != 0:
-        raise ProbeNotRun(f"the layout probe exited with status {child.returncode}: {said or 'no output'}")
+    if not isinstance(answer, dict) or ended.status != 0:
+        raise ProbeNotRun(f"the layout probe exited with status {ended.status}: {said or 'no output'}")
     if "error" in answer:
         raise ProbeNotRun(answer["error"])
     found, facts = answer.get("found"), answer.get("facts")
     if not isinstance(found, dict) or not isinstance(facts, dict):
-        raise ProbeNotRun(f"the layout probe answered {lines[-1]!r}")
+        raise ProbeNotRun(f"the layout probe answered {answers[-1]!r}")
     return {str(part): str(text) for part, text in found.items()}, facts
 
 
@@ -287,7 +360,17 @@ def read(path):
     found, facts = record.get("found"), record.get("facts")
     if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()) or not isinstance(facts, dict):
         return None
+    if "pynode_vtable_offset" in facts and not is_offset(facts["pynode_vtable_offset"]):
+        return None
     return record
+
+
+def is_offset(value):
+    """Whether ``value`` can be an offset into a loaded library (a positive
+    int, pointer-aligned, below 2**40: not a bool, a float, 2**64). That it
+    is PyNode's vtable is checked in the process, before it is read through
+    (the extension's ``is_pynode_vtable_offset``)."""
+    return type(value) is int and 0 < value < 1 << 40 and value % 8 == 0
 
 
 def verdicts(found):

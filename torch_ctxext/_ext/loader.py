@@ -24,7 +24,8 @@ The record is checked before the shared library is loaded, and the library
 repeats the check with the values compiled into it. Then
 :func:`layout_verdict` says which members the build must not provide on this
 torch: the verdict of the layout probe, made once per build and torch in a
-child process (``layout_verdict``), read from beside the build.
+child process (``layout_verdict``), read from beside the build (or from
+the cache's or the importer's own ``layouts/``), never trusted as an address.
 """
 import collections
 import contextlib
@@ -34,10 +35,11 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
 
 import torch
 
-from .. import _releases
+from .. import _features, _releases
 from . import build, build_cache, layout_verdict as _verdict
 from .build import ExtensionBuildError  # noqa: F401  (raised by load())
 
@@ -302,20 +304,60 @@ def load():
 # where it was read or written (``info``); None where there is none.
 verdict = None
 verdict_path = None
+# Probes one verification runs before it gives up: a probe killed (by the
+# OOM killer, a job's time limit, a stray kill) is not a verdict, and the
+# ranks waiting on the lock would otherwise each probe again and get one.
+PROBE_ATTEMPTS = 3
+
+
+def _own_layouts():
+    """The importer's own directory for verdicts: under its user cache
+    directory (as build_cache.root() is without $TORCH_CTXEXT_CACHE), for
+    builds in a cache it cannot write (a cluster's shared one)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(base), "torch_ctxext", "builds", "layouts")
 
 
 def _verdict_places(library):
-    """Where the verdict for ``library`` may be: beside it (a build in the
-    cache, or one installed with a verdict made at install), then the
-    cache's own directory for verdicts of builds outside it (a packaged
-    build verified later: nothing is written into site-packages after pip)."""
-    path = _verdict.beside(library)
-    return [path, os.path.join(build_cache.root(), "layouts", os.path.basename(path))]
+    """Where the verdict for ``library`` may be, in the order read: beside
+    it (a build in the cache, or one installed with a verdict made at
+    install), the cache's own directory for verdicts (builds outside it: a
+    packaged build verified later, nothing is written into site-packages
+    after pip), then the importer's own (a build in a cache it cannot
+    write). Every rank of a job reads the same places."""
+    places = [_verdict.beside(library)]
+    name = os.path.basename(places[0])
+    for directory in (os.path.join(build_cache.root(), "layouts"), _own_layouts()):
+        if os.path.join(directory, name) not in places:
+            places.append(os.path.join(directory, name))
+    return places
 
 
 def _store_at(library, places):
+    """The first of ``places`` the importer can write a verdict into (and
+    its lock beside it), never beside a build outside the cache; None if
+    none (it is then made for this process only, and said)."""
     in_cache = os.path.commonpath([os.path.abspath(library), build_cache.root()]) == build_cache.root()
-    return places[0] if in_cache else places[1]
+    for place in places if in_cache else places[1:]:
+        try:
+            os.makedirs(os.path.dirname(place), exist_ok=True)
+            os.close(os.open(place + ".lock", os.O_RDWR | os.O_CREAT, 0o644))
+        except OSError:  # read-only: another user's build, a read-only cache
+            continue
+        return place
+    return None
+
+
+def _unverified(why):
+    reason = (
+        "torch_ctxext could not verify that its extension reads the structures of torch "
+        f"{torch.__version__} as its headers say ({why}); nothing that depends on them is "
+        "installed in this process, and the next import verifies again "
+        "(`python -m torch_ctxext build` verifies ahead of time)"
+    )
+    # Said, not only recorded: the other ranks of the job may have them.
+    warnings.warn(reason, _features.ExtensionUnavailableWarning, stacklevel=3)
+    return {member: reason for member in _verdict.NEEDS}
 
 
 def layout_verdict():
@@ -323,31 +365,51 @@ def layout_verdict():
     (empty when its layout verdict found nothing amiss). The verdict is read
     from beside the build; where there is none for this build and torch (a
     build made before verdicts, a torch reinstalled in place, a wheel built
-    elsewhere), the probe runs now, once, in a child process, and its
-    verdict is kept for the next imports. No autograd runs in this process."""
+    elsewhere), or it is damaged, the probe runs now, once, in a child
+    process, and its verdict is kept for the next imports. No autograd runs
+    in this process; nothing of a verdict raises out of here."""
     global verdict, verdict_path
     try:
         verdict, verdict_path = verdict_of(loaded.path)
-    except (_verdict.ProbeNotRun, build._LockTimeout) as e:
-        why = f"it waited {e.timeout:.0f} s for another process's verification" if isinstance(e, build._LockTimeout) else str(e)
-        reason = (
-            "torch_ctxext could not verify that its extension reads the structures of torch "
-            f"{torch.__version__} as its headers say ({why}); nothing that depends on them is "
-            "installed in this process, and the next import verifies again "
-            f"(`python -m torch_ctxext build` verifies ahead of time)"
-        )
-        return {member: reason for member in _verdict.NEEDS}
+    except _verdict.ProbeNotRun as e:
+        return _unverified(str(e))
+    except build._LockTimeout as e:
+        return _unverified(f"it waited {e.timeout:.0f} s for another process's verification")
+    except OSError as e:  # the lock file went away or became unreadable meanwhile
+        return _unverified(f"{e.strerror or e}: {e.filename}")
     return _verdict.verdicts(verdict["found"])
+
+
+def _trusted(record, library):
+    """Whether the facts of ``record`` hold in this process: the offset of
+    PyNode's vtable is PyNode's vtable in the libtorch_python loaded here
+    (checked by the loaded extension, bounded: a damaged offset reads as
+    "not it", never as a crash). A build not loaded here is not asked (its
+    offset is checked again before the boxed path is installed)."""
+    offset = record["facts"].get("pynode_vtable_offset")
+    ext = sys.modules.get(PACKAGE + "._C")
+    if offset is None or loaded is None or loaded.path != library or not hasattr(ext, "is_pynode_vtable_offset"):
+        return True
+    try:
+        return bool(ext.is_pynode_vtable_offset(offset))
+    except Exception:  # (read() took it for an offset: only a bug gets here)
+        return False
+
+
+def _read_trusted(path, library):
+    record = _verdict.read(path)
+    return record if record is not None and _trusted(record, library) else None
 
 
 def verdict_of(library):
     """(the layout verdict of ``library`` against the running torch, where
     it is kept or None), read, or made now in a child process and kept.
-    Raises ProbeNotRun, or build._LockTimeout after waiting that long for
-    another process's verification."""
+    A verdict that cannot be read, or whose facts do not hold here, is made
+    again. Raises ProbeNotRun, or build._LockTimeout after waiting that long
+    for another process's verification."""
     places = _verdict_places(library)
     for path in places:
-        record = _verdict.read(path)
+        record = _read_trusted(path, library)
         if record is not None:
             return record, path
     return _verify_into(library, _store_at(library, places))
@@ -355,27 +417,44 @@ def verdict_of(library):
 
 def _verify_into(library, target):
     """Run the probe for ``library`` (one process at a time: the ranks of a
-    job wait for the first), keep its verdict at ``target`` where it can be
-    written, and return (it, target or None)."""
-    try:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        open(target + ".lock", "a").close()
+    job wait for the first, under the lock beside ``target``), keep its
+    verdict at ``target`` (None: nowhere writable, this process only), and
+    return (it, where it is kept or None). A probe that is killed runs
+    again, up to PROBE_ATTEMPTS times, so that this rank gets the verdict
+    the ranks after it would."""
+    if target is None:
+        lock = contextlib.nullcontext()
+        build._say("no place to keep the layout verdict is writable: verifying for this process only")
+    else:
         lock = build._locked(target + ".lock", lambda holder: build._say(
             f"waiting for another process that verifies the extension's layout: {holder}"
         ), build.build_timeout())
-    except OSError:  # a read-only cache: verify for this process only
-        lock = contextlib.nullcontext()
     with lock:
-        record = _verdict.read(target)  # made by the process waited for
+        record = None if target is None else _read_trusted(target, library)  # made by the process waited for
         if record is not None:
             return record, target
         build._say(
             f"verifying that its extension reads the structures of torch {torch.__version__} "
             "as its headers say (once for this build and torch, in a child process)"
         )
-        record = _verdict.verify(library)
+        record = _verify(library)
+        if target is None:
+            return record, None
         try:
             _verdict.write(target, record)
         except OSError:
             return record, None
         return record, target
+
+
+def _verify(library):
+    """verify(library), probing again where a probe was killed."""
+    for attempt in range(1, PROBE_ATTEMPTS + 1):
+        try:
+            return _verdict.verify(library)
+        except _verdict.ProbeTimedOut:
+            raise  # stuck, not killed: another try would wait as long again
+        except _verdict.ProbeNotRun as e:
+            if attempt == PROBE_ATTEMPTS:
+                raise _verdict.ProbeNotRun(f"{e}, {PROBE_ATTEMPTS} times") from None
+            build._say(f"{e}; verifying again ({attempt + 1} of {PROBE_ATTEMPTS})")
