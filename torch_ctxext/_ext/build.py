@@ -37,7 +37,7 @@ import sys
 
 import torch
 
-from . import build_cache, child, compile, sources
+from . import build_cache, child, compile, layout_verdict, sources
 from .build_cache import LIBRARY
 # The lock, shared with the layout verdict's (loader): named here too.
 from .build_lock import _LockTimeout, _locked, _say  # noqa: F401
@@ -169,8 +169,9 @@ def _spec(reason, force, csrc, key):
         "parent": os.getpid(), "reason": reason, "force": force, "csrc": csrc, "root": root, "key": key,
         "timeout": build_timeout(), "env_timeout": ENV_TIMEOUT, "env_cache": build_cache.ENV_CACHE,
         "target": target, "torch_file": os.path.abspath(torch.__file__),
-        # The importer's path, as strings (a pathlib.Path entry is one too), for torch's import there.
-        "path": [os.fspath(p) for p in sys.path if isinstance(p, (str, os.PathLike))],
+        # The importer's path as the layout probe takes it (strings, absolute, less the
+        # entry Python put first for the importer's cwd or script), for torch's import there.
+        "path": layout_verdict.probe_path(),
         "record": {
             "torch": torch.__version__, "torch_git": torch.version.git_version,
             "python": sys.implementation.cache_tag, "fingerprint": build_cache.fingerprint(csrc),
