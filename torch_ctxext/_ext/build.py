@@ -162,8 +162,10 @@ def _timeout_failure(what, log, note):
 
 def _spec(reason, force, csrc, key):
     """What the build's process needs, all of it plain data."""
-    target = compile.target_of_running_torch(torch, python_include=None)._asdict()
-    del target["python_include"]  # the child's interpreter (this one) knows its own
+    import sysconfig  # here: only a build needs it
+
+    # Python.h of this interpreter (the build's process runs the same one).
+    target = compile.target_of_running_torch(torch, python_include=sysconfig.get_paths()["include"])._asdict()
     root = build_cache.root()
     return {
         "parent": os.getpid(), "reason": reason, "force": force, "csrc": csrc, "root": root, "key": key,

@@ -482,8 +482,7 @@ def build(target):
             recorded = None if spec["force"] else recorded_failure(failed)
             if recorded is not None:
                 raise Failed(recorded.get("what") or recorded["message"], recorded.get("log", log), remembered=True, note=(
-                    f"This is a compile error recorded at {recorded['when']}: later imports report it "
-                    f"without compiling until `{REBUILD}`."
+                    f"This is a compile error recorded at {recorded['when']}; `{REBUILD}` tries again."
                 ))
             for stale in os.listdir(root):  # remains of builds killed half-way
                 if stale.startswith((key + ".partial-", key + ".old-")):
@@ -535,7 +534,7 @@ def main():
     _become_the_supervisor(spec["parent"])
     build_lock = _load("build_lock")
     compile = _load("compile")
-    target = compile.Target(**dict(spec["target"], python_include=_python_include()))
+    target = compile.Target(**spec["target"])
     try:
         tell(built=build(target))
     except Failed as e:
@@ -547,12 +546,6 @@ def main():
                      "timeout": None})
     sys.stdout.flush()
     os._exit(0)  # not waiting for the torch import thread, nor torch's shutdown
-
-
-def _python_include():
-    import sysconfig
-
-    return sysconfig.get_path("include", scheme="posix_prefix")
 
 
 spec = build_lock = compile = None
