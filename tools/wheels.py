@@ -369,7 +369,14 @@ def main(argv=None):
         summary.append((final, len(binaries), os.path.getsize(final), version))
     for path, count, size, _ in summary:
         say(f"{os.path.basename(path)}: {count} binaries, {size / 1e6:.2f} MB")
-    say(f"{len(summary)} wheels in {time.monotonic() - start:.0f} s ({compiled} builds compiled)")
+    seconds = time.monotonic() - start
+    say(f"{len(summary)} wheels in {seconds:.0f} s ({compiled} builds compiled)")
+    # What the benchmarks page says of the wheels (benchmarks/run_all.py --remeasure wheels).
+    with open(os.path.join(args.out, "wheels.json"), "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": round(seconds),
+                   "compiled": compiled, "load_average": os.getloadavg()[0],
+                   "wheels": [{"wheel": os.path.basename(p), "binaries": n, "bytes": b, "python": v}
+                              for p, n, b, v in summary]}, f, indent=1)
     if args.verify:
         verified = [r for path, _, _, version in summary for r in verify(path, version, args.cache)]
         with open(os.path.join(args.out, "verified.json"), "w") as f:
