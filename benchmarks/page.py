@@ -7,6 +7,7 @@ benchmarks/figures.py beside it. Each benchmark module tabulates its own
 results; this module arranges the page around those tables: versions,
 summary, sections, and how it is measured.
 """
+import statistics
 import math
 import os
 
@@ -189,6 +190,49 @@ def _measured_by(module):
             module.__doc__.split("\n\n", 2)[2].strip(), ""]
 
 
+def first_import_section(r):
+    """The first import three ways (benchmarks/bench_first_import.py)."""
+    rows = ["| first import, empty cache | median | every round |", "|---|---|---|"]
+    what = {"build": "`import torch_ctxext`, sources only: the build, in a child process",
+            "one TU": "`cpp_extension.load` of one TU including `torch/extension.h`",
+            "wheel": "`import torch_ctxext`, a packaged binary: nothing compiled",
+            "against": "`import torch_ctxext`, sources only, the earlier revision"}
+    for side, values in r["seconds"].items():
+        rows.append(f"| {what.get(side, side)} | {statistics.median(values):.1f} s | "
+                    f"{', '.join(f'{v:.1f}' for v in values)} s |")
+    ratios = [f"{k}: {v['median']:.2f} ({v['min']:.2f} to {v['max']:.2f})" for k, v in r.items() if k.endswith("/ one TU")]
+    return [
+        "## The first import: the build, the smallest extension, a packaged binary",
+        "",
+        f"Measured {r['date']}, {r['rounds']} rounds, each a fresh process a side in turn (the order "
+        "rotating), by `benchmarks/bench_first_import.py` (`run_all.py --remeasure first_import`); "
+        f"load average at each round's start {', '.join(f'{v:.1f}' for v in r['load_average'])}.",
+        "",
+        *rows,
+        "",
+        "Ratios to the one-TU extension, per round (median, extremes): " + "; ".join(ratios) + ".",
+        "",
+    ]
+
+
+def wheels_section(r):
+    """The binary wheels (tools/wheels.py's wheels.json)."""
+    rows = ["| wheel | binaries | size |", "|---|---|---|"]
+    for w in r["wheels"]:
+        rows.append(f"| `{w['wheel']}` | {w['binaries']} | {w['bytes'] / 1e6:.2f} MB |")
+    return [
+        "## The binary wheels",
+        "",
+        f"`bash tools/run.sh wheels` on {r['date']}: {len(r['wheels'])} wheels, one per CPython, each "
+        f"with a binary for every torch build of every release that needs one, in {r['seconds'] / 60:.0f} min "
+        f"({r['compiled']} builds compiled, torch's wheels fetched and unpacked; load average "
+        f"{r['load_average']:.1f} at the end). A second run with unchanged sources compiles nothing.",
+        "",
+        *rows,
+        "",
+    ]
+
+
 def render_page(results, command):
     m = results["machine"]
     la0 = m.get("load_average_at_start")
@@ -356,6 +400,10 @@ def render_page(results, command):
             "",
             *_measured_by(bench_import_cost),
         ]
+    if "first_import" in results:
+        lines += first_import_section(results["first_import"])
+    if "wheels" in results:
+        lines += wheels_section(results["wheels"])
     if "build_releases" in results:
         lines += [
             "## The first import on each release: the build",

@@ -228,7 +228,7 @@ def parse_args(argv):
     )
     parser.add_argument(
         "--remeasure", choices=["check_function", "model", "advise", "advise_models", "install", "releases", "read", "builds", "instructions",
-                                "import_cost"],
+                                "import_cost", "first_import", "wheels"],
         action="append", default=[],
         help="with --from-json: measure this part again (with --torch-2-13 / this "
         "interpreter and --torch-2-15 where given) and keep the rest of the earlier "
@@ -242,8 +242,13 @@ def parse_args(argv):
         "'read' the read cost on 2.13 against --torch-2-15; 'builds' the first import "
         "(the build) from an empty cache on 2.13, --torch-2-15 and each of --other-releases; "
         "'instructions' the idle cost in instructions (callgrind) on 2.13 and each of "
-        "--other-releases; 'import_cost' the import against the revision --against",
+        "--other-releases; 'import_cost' the import against the revision --against; "
+        "'first_import' the build at first import against the one-TU extension and a packaged "
+        "binary's first import (bench_first_import.py, on --torch-2-13 / this interpreter); "
+        "'wheels' the figures of the last `bash tools/run.sh wheels` (--wheels-summary)",
     )
+    parser.add_argument("--wheels-summary", metavar="FILE", default=os.path.join(ROOT, "dist", "wheels.json"),
+                        help="what tools/wheels.py wrote of its last run (--remeasure wheels)")
     parser.add_argument("--against", metavar="REV", default="HEAD~1",
                         help="the earlier revision --remeasure import_cost compares the import with")
     return parser, parser.parse_args(argv)
@@ -280,6 +285,15 @@ def remeasure(results, args, parser):
     if "instructions" in args.remeasure:
         pythons = [p for p in [args.torch_2_13] if p] + list(args.other_releases or [])
         results.setdefault("idle_instructions", {}).update(bench_idle_instructions.collect(pythons or [sys.executable]))
+    if "first_import" in args.remeasure:
+        import bench_first_import
+
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            bench_first_import.main(["--python", args.torch_2_13 or sys.executable, "--json", f.name])
+            results["first_import"] = json.load(open(f.name))
+    if "wheels" in args.remeasure:
+        with open(args.wheels_summary) as f:
+            results["wheels"] = json.load(f)
     if "import_cost" in args.remeasure:
         results["import_cost"] = bench_import_cost.collect(args.torch_2_13, args.against,
                                                            rounds=5 if results["quick"] else 20)
