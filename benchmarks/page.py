@@ -7,9 +7,9 @@ benchmarks/figures.py beside it. Each benchmark module tabulates its own
 results; this module arranges the page around those tables: versions,
 summary, sections, and how it is measured.
 """
-import statistics
 import math
 import os
+import statistics
 
 import bench_advise
 import bench_advise_models
