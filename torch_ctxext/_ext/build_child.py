@@ -5,10 +5,9 @@
 and reads its answer: everything a build does happens here, nothing in the
 importer. This process:
 
-* leads a session of its own, dies with the importer (PR_SET_PDEATHSIG),
-  adopts the build's orphans (PR_SET_CHILD_SUBREAPER), and when it is told
-  to stop (the importer died or was interrupted) ends ninja and every
-  compiler and removes the build's private directory;
+* becomes the build's supervisor (``supervisor``): it ends with the
+  importer, and when it is told to stop ends ninja and every compiler and
+  removes the build's private directory;
 * takes the build's lock (``build_lock``: the ranks of a job build once),
   or reports the compile error recorded by an earlier build;
 * writes the ninja file (``compile``: cpp_extension's flags for the
@@ -82,90 +81,6 @@ class Failed(Exception):
     def __init__(self, what, log, remembered=False, note="", timeout=None):
         super().__init__(what)
         self.what, self.log, self.remembered, self.note, self.timeout = what, log, remembered, note, timeout
-
-
-# --------------------------------------------------------------------------
-# Ending the build when told to (the importer died or was interrupted)
-# --------------------------------------------------------------------------
-
-ninja_process = None
-partial_dir = None
-
-
-def _children():
-    mine, found = str(os.getpid()).encode(), []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/stat" % entry, "rb") as f:
-                data = f.read()
-            if data[data.rindex(b")") + 2:].split()[1] == mine:
-                found.append(int(entry))
-        except (OSError, ValueError, IndexError):
-            pass
-    return found
-
-
-def _end(signum, frame):
-    """SIGTERM, SIGINT, SIGHUP: ninja ends its compiles, whatever is left of
-    the build (re-parented here) is killed and reaped, the private directory
-    removed; then exit, killed by that signal."""
-    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
-    if ninja_process is not None and ninja_process.poll() is None:
-        ninja_process.terminate()
-        try:
-            ninja_process.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-    for _ in range(100):
-        left = [pid for pid in _children()]
-        if not left:
-            break
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for pid in left:
-            try:
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
-    if partial_dir is not None:
-        shutil.rmtree(partial_dir, ignore_errors=True)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    os._exit(128 + signum)
-
-
-def _parent_of(pid):
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _become_the_supervisor(importer):
-    """Ignore nothing the build needs; end with the importer; adopt orphans.
-    Our parent is child.run's intermediate, which dies with the importer;
-    we die with it."""
-    intermediate = os.getppid()
-    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:  # inherited: ninja could not wait for its compiles
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        libc.prctl(36, 1)                   # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
-        signal.signal(getattr(signal, name), _end)
-    if os.getppid() != intermediate or _parent_of(intermediate) != importer:  # gone already
-        _end(signal.SIGTERM, None)
 
 
 # --------------------------------------------------------------------------
@@ -294,7 +209,6 @@ def _describe(command):
 
 def run_ninja(partial, target, log):
     """Compile into ``partial``; raise Failed."""
-    global ninja_process
     ninja = find_ninja()
     compile.write_ninja(target, spec["csrc"], partial, compiler=os.environ.get("CXX", "c++"))
     command = [ninja or "ninja"] + compile.ninja_arguments()
@@ -305,17 +219,17 @@ def run_ninja(partial, target, log):
     with open(log, "a") as out:
         out.write("$ " + shlex.join(command) + "\n\n")
         out.flush()
-        ninja_process = subprocess.Popen(
+        supervisor.ninja_process = ninja = subprocess.Popen(
             command, cwd=partial, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
         )
-        for line in ninja_process.stdout:
+        for line in ninja.stdout:
             out.write(line)
             out.flush()
             step = _STEP.match(line)
             if step:
                 tell(progress=[int(step.group(1)), int(step.group(2)), _describe(step.group(3))])
-        code = ninja_process.wait()
+        code = ninja.wait()
     if code != 0 or not os.path.isfile(os.path.join(partial, LIBRARY)):
         raise compile_failure(code, log)
 
@@ -461,7 +375,6 @@ def check_can_build(target):
 def build(target):
     """{"library", "built"}: the published build, made now unless another
     process made it while this one waited for the lock."""
-    global partial_dir
     root, key = spec["root"], spec["key"]
     final = os.path.join(root, key)
     library = os.path.join(final, LIBRARY)
@@ -497,21 +410,21 @@ def build(target):
             importer = threading.Thread(target=import_torch, args=(spec["path"], spec["torch_file"], torch_ready),
                                         daemon=True)
             importer.start()
-            partial_dir = tempfile.mkdtemp(prefix=key + ".partial-", dir=root)
+            partial = supervisor.partial_dir = tempfile.mkdtemp(prefix=key + ".partial-", dir=root)
             start = time.monotonic()
             try:
-                run_ninja(partial_dir, target, log)
+                run_ninja(partial, target, log)
             except BaseException as e:
-                shutil.rmtree(partial_dir, ignore_errors=True)
-                partial_dir = None
+                shutil.rmtree(partial, ignore_errors=True)
+                supervisor.partial_dir = None
                 if isinstance(e, Failed) and e.remembered:  # for the waiting and the later
                     raise record_failure(failed, e) from None
                 raise
             seconds = time.monotonic() - start
             importer.join()
-            publish(partial_dir, final, dict(spec["record"], built_at=build_lock._now(), seconds=round(seconds, 1),
+            publish(partial, final, dict(spec["record"], built_at=build_lock._now(), seconds=round(seconds, 1),
                                              log=log), log, torch_ready)
-            partial_dir = None
+            supervisor.partial_dir = None
             try:
                 os.remove(failed)
             except FileNotFoundError:
@@ -529,9 +442,10 @@ def build(target):
 
 
 def main():
-    global spec, build_lock, compile
+    global spec, build_lock, compile, supervisor
     spec = json.loads(sys.stdin.read())
-    _become_the_supervisor(spec["parent"])
+    supervisor = _load("supervisor")
+    supervisor.become_the_supervisor(spec["parent"])
     build_lock = _load("build_lock")
     compile = _load("compile")
     target = compile.Target(**spec["target"])
@@ -548,6 +462,6 @@ def main():
     os._exit(0)  # not waiting for the torch import thread, nor torch's shutdown
 
 
-spec = build_lock = compile = None
+spec = build_lock = compile = supervisor = None
 if __name__ == "__main__":
     main()
