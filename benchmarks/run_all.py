@@ -247,7 +247,7 @@ def parse_args(argv):
         "binary's first import (bench_first_import.py, on --torch-2-13 / this interpreter); "
         "'wheels' the figures of the last `bash tools/run.sh wheels` (--wheels-summary)",
     )
-    parser.add_argument("--wheels-summary", metavar="FILE", default=os.path.join(ROOT, "dist", "wheels.json"),
+    parser.add_argument("--wheels-summary", metavar="FILE", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dist", "wheels.json"),
                         help="what tools/wheels.py wrote of its last run (--remeasure wheels)")
     parser.add_argument("--against", metavar="REV", default="HEAD~1",
                         help="the earlier revision --remeasure import_cost compares the import with")
