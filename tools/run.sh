@@ -167,10 +167,13 @@ wheel_tests() {  # wheel_tests VERSION CPYTHON DIST [plugin]: the wheel in a ven
     dir=$(venv_dir "$version" "$python")
     if [ "$python" = 3.11 ]; then dir=$cache/venv-$version-wheel; fi  # not the venv the source install is tested in
     venv_create "$version" "$python" "$dir" >&2
+    # No build tool in the venv while the wheel is checked (the tests' ninja goes, and comes back after).
+    "$dir/bin/python" -m pip uninstall -q -y ninja >&2 || true
     env $(pip_env "$version") "$dir/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" >&2
     "$dir/bin/python" "$root/tools/wheel_check.py"
     if [ "${4:-}" = plugin ]; then
         echo "== the plugin's own tests on CPython $python, torch $version (from the wheel)"
+        env $(pip_env "$version") "$dir/bin/python" -m pip install -q ninja >&2
         "$dir/bin/python" -m pytest -q -p no:cacheprovider -o addopts= --rootdir "$root" "$root/test" \
             >"$out/test-$version-py$python.log" 2>&1 || { cat "$out/test-$version-py$python.log"; exit 1; }
         tail -n 1 "$out/test-$version-py$python.log"
