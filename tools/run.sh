@@ -172,8 +172,11 @@ wheel_tests() {  # wheel_tests VERSION CPYTHON DIST [plugin]: the wheel in a ven
     env $(pip_env "$version") "$dir/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" >&2
     "$dir/bin/python" "$root/tools/wheel_check.py"
     if [ "${4:-}" = plugin ]; then
-        echo "== the plugin's own tests on CPython $python, torch $version (from the wheel)"
+        # The plugin's tests are about a source install too (the build at
+        # first import, its lock, its failures): they run on one, with ninja.
+        echo "== the plugin's own tests on CPython $python, torch $version (installed from source)"
         env $(pip_env "$version") "$dir/bin/python" -m pip install -q ninja >&2
+        install_torch_ctxext "$dir"
         "$dir/bin/python" -m pytest -q -p no:cacheprovider -o addopts= --rootdir "$root" "$root/test" \
             >"$out/test-$version-py$python.log" 2>&1 || { cat "$out/test-$version-py$python.log"; exit 1; }
         tail -n 1 "$out/test-$version-py$python.log"
