@@ -257,7 +257,7 @@ def test_after_a_torch_upgrade_the_first_import_builds_for_the_new_torch(user_en
     why (here with a compiler that fails at once)."""
     package = tmp_path / "site" / "torch_ctxext"
     shutil.copytree(user_env.package(), package, ignore=shutil.ignore_patterns("__pycache__"))
-    (package / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")  # never loaded: not for this torch
+    (package / ("_C" + sysconfig.get_config_var("EXT_SUFFIX"))).write_bytes(b"")  # never loaded: not for this torch
     (package / "_build_info.py").write_text("TORCH_VERSION = '2.13.9+cpu'\nTORCH_GIT_VERSION = 'deadbeef' * 5\n")
     cached = run([user_env.python, "-c", LOADED], PYTHONPATH=tmp_path / "site", TORCH_CTXEXT_CACHE=first_import["cache"])
     assert cached.returncode == 0 and cached.stdout.split()[0] == "cache", cached.stderr
