@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sysconfig
 import time
 
 import pytest
