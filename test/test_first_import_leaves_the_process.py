@@ -46,7 +46,9 @@ def state():
         "signals": {s.name: repr(signal.getsignal(s)) for s in signal.Signals
                     if s not in (signal.SIGKILL, signal.SIGSTOP)},
         "sys.path": list(sys.path),
-        "sys.meta_path": [repr(f) for f in sys.meta_path],
+        # (less the finder the boxed-grads member places on torch 2.6 to 2.12 until
+        # compiled autograd is imported: the member's install, not the build)
+        "sys.meta_path": [repr(f) for f in sys.meta_path if "_PatchOnImport" not in repr(f)],
         "loggers": sorted(logging.Logger.manager.loggerDict),
         "stdout": id(sys.stdout), "stderr": id(sys.stderr),
         "build modules": sorted(m for m in sys.modules if m.split(".")[0] in ("setuptools", "distutils")

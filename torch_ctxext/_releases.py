@@ -106,6 +106,7 @@ CPP_EXTENSION = {
     "cxx20_from": (2, 12),            # -std=c++17 before
     "glibcxx_abi_flag_until": (2, 7),  # -D_GLIBCXX_USE_CXX11_ABI=torch._C._GLIBCXX_USE_CXX11_ABI
     "pybind11_abi_flags_until": (2, 8),  # -DPYBIND11_{COMPILER_TYPE,STDLIB,BUILD_ABI} from torch._C
+    "th_includes_until": (2, 6),  # -isystem include/TH and include/THC as well
 }
 
 
@@ -117,6 +118,7 @@ def cpp_extension_rules(version):
         "std": "c++20" if current >= CPP_EXTENSION["cxx20_from"] else "c++17",
         "glibcxx_abi_flag": current <= CPP_EXTENSION["glibcxx_abi_flag_until"],
         "pybind11_abi_flags": current <= CPP_EXTENSION["pybind11_abi_flags_until"],
+        "th_includes": current <= CPP_EXTENSION["th_includes_until"],
     }
 
 

@@ -115,7 +115,10 @@ def pybind11_strings(libtorch_python):
 
 def include_dirs(target):
     include = os.path.join(target.torch_dir, "include")
-    return [include, os.path.join(include, "torch", "csrc", "api", "include")]
+    dirs = [include, os.path.join(include, "torch", "csrc", "api", "include")]
+    if _releases.cpp_extension_rules(target.torch_version)["th_includes"]:
+        dirs += [os.path.join(include, "TH"), os.path.join(include, "THC")]
+    return dirs
 
 
 def cflags(target):
