@@ -166,14 +166,14 @@ def _this_torch():
             "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI), "python": sys.implementation.cache_tag}
 
 
-def choose_packaged():
+def choose_packaged(entries=None):
     """(path, origin) of the packaged binary to load for the running torch,
     or (None, what was found): the exact build first, else one for the same
     release from another build whose layout verdict here is clean. Sets
     :data:`choice`. Nothing is compiled; a probe may run in a child process."""
     global choice
     here = _this_torch()
-    entries = packaged_binaries()
+    entries = packaged_binaries() if entries is None else entries
     compatible = [e for e in entries if e.get("python") == here["python"] and e.get("cxx11_abi") == here["cxx11_abi"]]
     exact = [e for e in compatible if e.get("torch") == here["torch"] and e.get("git") == here["git"]]
     release = [e for e in compatible if e not in exact and _release_of(str(e.get("torch"))) == _release_of(here["torch"])]
@@ -270,7 +270,8 @@ def load():
     """
     global loaded, choice
     packaged = packaged_build()
-    binary, looked = (None, None) if packaged else choose_packaged()
+    entries = [] if packaged else packaged_binaries()  # the manifest, read once
+    binary, looked = (None, None) if packaged else choose_packaged(entries)
     if packaged and _same_build(packaged[1], packaged[2]):
         path, origin = packaged[0], "package"
         choice = "the build pip compiled for this torch at install: loaded, nothing compiled"
@@ -284,7 +285,7 @@ def load():
     else:
         if packaged:
             reason = f"the installed build is for torch {packaged[1]} (git {packaged[2][:12]})"
-        elif packaged_binaries():
+        elif entries:
             reason = f"none of its packaged binaries fits ({looked})"
         else:
             reason = "this copy of torch_ctxext carries no build (installed from source)"
