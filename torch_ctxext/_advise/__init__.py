@@ -94,6 +94,7 @@ class Advise:
         self.report = None
         self._calls = None
         self._names = None
+        self._fusing = {}  # (id(module), its class, id(parameter) or None) -> Advise._drop_in's answer
 
     def __enter__(self):
         if self.report is not None:
@@ -135,18 +136,18 @@ class Advise:
                              "and exposes no buffer there, so no drop-in saves anything in it")
         # In the order the tensors were made: duplicates are numbered so.
         ordered = sorted(record.slots, key=lambda slot: (slot.seq is None, slot.seq or 0))
-        named = [(self._describe(slot), slot) for slot in ordered]
+        named = [(*self._describe(slot), slot) for slot in ordered]
         counts = {}
-        for advice, _ in named:
+        for advice, _, _ in named:
             counts[advice.name] = counts.get(advice.name, 0) + 1
         seen = {}
-        for advice, slot in named:
+        for advice, wheres, slot in named:
             if counts[advice.name] > 1 and advice.kind == "activation":
                 seen[advice.name] = seen.get(advice.name, 0) + 1
                 advice.name = f"{advice.name} ({seen[advice.name]})"
             savings = account(advice, slot.arrivals, slot.out_of_place, record.create_graph)
             for index, nbytes in savings:
-                where = self._where(slot.producers[index][1])
+                where = wheres[index]
                 if where is not None:
                     path, module, _ = where
                     self.report.add_saving(self._calls.path_name(path), type(module).__name__,
@@ -157,39 +158,57 @@ class Advise:
         return self._calls.attribute(seq) if self._calls is not None and seq is not None else None
 
     def _describe(self, slot):
-        """A SlotAdvice (name, kind, producers) for a slot of a backward."""
-        from ..nn.fuse import drop_in_for
+        """A SlotAdvice (name, kind, producers) for a slot of a backward, and
+        where each producer was made (``_where``'s answer, per producer).
 
-        producers = []
+        Runs at the end of every watched backward, once per producer: what
+        depends only on the module (its drop-in, its class, its residual) and
+        on the module and the slot's parameter (whether the module owns it)
+        is worked out once per block (modules and parameters outlive it)."""
+        is_parameter = self._is_parameter(slot)
+        leaf_key = id(slot.leaf) if is_parameter else None  # a parameter outlives the block
+        producers, wheres = [], []
         for op, seq, _, _ in slot.producers:
             where = self._where(seq)
+            wheres.append(where)
             if where is None:
                 producers.append(ProducerAdvice(op))
                 continue
             path, module, call = where
+            key = (id(module), type(module), leaf_key)  # fuse() may change a class mid-block
+            fusing = self._fusing.get(key)
+            if fusing is None:
+                fusing = self._fusing[key] = self._drop_in(module, slot, is_parameter)
             label = self._calls.path_name(path) + (f"#{call}" if call else "")
-            drop_in = drop_in_for(module)
-            if drop_in is not None:
-                owned = slot.leaf is not None and self._names.owned_by(slot.leaf, module)
-                # FusedLinear and FusedConv1D also add into their input's
-                # buffer; the others fuse their own parameters only.
-                if not owned and not (drop_in.__name__ in _FUSE_INPUT and not self._is_parameter(slot)):
-                    drop_in = None
-            producers.append(ProducerAdvice(op, label, drop_in.__name__ if drop_in else None,
-                                            type(module).__name__, _residual(module)))
+            producers.append(ProducerAdvice(op, label, *fusing))
         if slot.leaf is not None:
             name = self._names.name(slot.leaf) if self._names else None
             if name is not None:
                 return SlotAdvice(name, "parameter", producers, slot.grad_bytes or 0,
-                                  tied=self._names.tied(slot.leaf))
+                                  tied=self._names.tied(slot.leaf)), wheres
             return SlotAdvice(f"leaf tensor {list(slot.leaf.shape)}", "tensor", producers,
-                              slot.grad_bytes or 0)
+                              slot.grad_bytes or 0), wheres
         where = self._where(slot.seq)
         op = slot.op + (f"[{slot.nr}]" if slot.nr else "")
         if where is not None:
             path, _, call = where
             op += f" in {self._calls.path_name(path)}" + (f"#{call}" if call else "")
-        return SlotAdvice(op, "activation", producers, slot.grad_bytes or 0)
+        return SlotAdvice(op, "activation", producers, slot.grad_bytes or 0), wheres
+
+    def _drop_in(self, module, slot, is_parameter):
+        """(drop-in name or None, stock class name, residual bytes) of one
+        producer's module for the slot: the same for every call of the module
+        and every backward of a block, so worked out once per block."""
+        from ..nn.fuse import drop_in_for
+
+        drop_in = drop_in_for(module)
+        if drop_in is not None:
+            owned = slot.leaf is not None and self._names.owned_by(slot.leaf, module)
+            # FusedLinear and FusedConv1D also add into their input's
+            # buffer; the others fuse their own parameters only.
+            if not owned and not (drop_in.__name__ in _FUSE_INPUT and not is_parameter):
+                drop_in = None
+        return drop_in.__name__ if drop_in else None, type(module).__name__, _residual(module)
 
     def _is_parameter(self, slot):
         return slot.leaf is not None and self._names is not None and self._names.name(slot.leaf) is not None

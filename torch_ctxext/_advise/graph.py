@@ -18,7 +18,6 @@ Nothing here keeps a gradient: hooks read sizes, storage addresses and
 identities, and the nodes are dropped when the backward ends.
 """
 import threading
-from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import BackwardCFunction
@@ -29,7 +28,6 @@ from .._explain import _argument_slots, function_name
 __all__ = ["Backward", "Arrival"]
 
 
-@dataclass
 class Arrival:
     """What one producer left in a slot: ``gradient`` (a tensor the engine
     adds), ``fused`` (written into the exposed buffer, None returned) or
@@ -37,10 +35,24 @@ class Arrival:
     module's would have been a view (the engine would have summed out of
     place had it come first)."""
 
-    producer: int
-    kind: str
-    bytes: int = 0
-    stock_view: bool = False
+    # A plain class with slots: one is made per producer per backward, in the
+    # engine's hooks, where a dataclass's keyword __init__ costs measurably.
+    __slots__ = ("producer", "kind", "bytes", "stock_view")
+
+    def __init__(self, producer, kind, bytes=0, stock_view=False):
+        self.producer = producer
+        self.kind = kind
+        self.bytes = bytes
+        self.stock_view = stock_view
+
+    def __eq__(self, other):
+        return isinstance(other, Arrival) and (
+            (self.producer, self.kind, self.bytes, self.stock_view)
+            == (other.producer, other.kind, other.bytes, other.stock_view))
+
+    def __repr__(self):
+        return (f"Arrival(producer={self.producer}, kind={self.kind!r}, bytes={self.bytes}, "
+                f"stock_view={self.stock_view})")
 
 
 def storage_bytes(t):
@@ -155,6 +167,8 @@ class Backward:
             running = None
         self.slots = []
         for (consumer_id, nr), edges in into.items():
+            if type(edges) is tuple:  # one producer: not a slot
+                continue
             if running is not None:
                 if consumer_id not in running:
                     continue
@@ -239,41 +253,66 @@ class Backward:
 
 
 def _walk(roots):
-    """Every edge reachable from the roots: {(id(consumer), nr): [(producer
-    or None for a root, output index)]}, and the nodes by id."""
+    """Every edge reachable from the roots: {(id(consumer), nr): (producer or
+    None for a root, output index)} where one producer feeds the slot, a
+    list of them where several do; and the nodes by id.
+
+    The hot loop of a watched backward (one pass over every node): an edge
+    is kept as a tuple, and only a slot with a second producer gets a list."""
     into, nodes = {}, {}
     stack = []
     for k, edge in enumerate(roots):
         if edge is None:
             continue
         node, nr = edge
-        into.setdefault((id(node), nr), []).append((None, k))
+        _add_edge(into, (id(node), nr), (None, k))
         if id(node) not in nodes:
             nodes[id(node)] = node
             stack.append(node)
+    get = into.get
     while stack:
         node = stack.pop()
-        for i, (child, nr) in enumerate(node.next_functions):
+        i = -1
+        for child, nr in node.next_functions:
+            i += 1
             if child is None:
                 continue
-            key = (id(child), nr)
-            edges = into.get(key)
+            child_id = id(child)
+            key = (child_id, nr)
+            edges = get(key)
             if edges is None:
-                into[key] = [(node, i)]
+                into[key] = (node, i)
+            elif type(edges) is tuple:
+                into[key] = [edges, (node, i)]
             else:
                 edges.append((node, i))
-            if id(child) not in nodes:
-                nodes[id(child)] = child
+            if child_id not in nodes:
+                nodes[child_id] = child
                 stack.append(child)
     return into, nodes
+
+
+def _add_edge(into, key, edge):
+    edges = into.get(key)
+    if edges is None:
+        into[key] = edge
+    elif type(edges) is tuple:
+        into[key] = [edges, edge]
+    else:
+        edges.append(edge)
+
+
+def _edges(entry):
+    """The producers of one ``_walk`` entry, as a list."""
+    return [entry] if type(entry) is tuple else entry
 
 
 def _leading_to(into, nodes, input_edges):
     """With ``inputs=`` the engine runs only the nodes on a path to an
     input: the ids of those nodes (the inputs' own included)."""
     parents = {}
-    for (consumer_id, _), edges in into.items():
-        for producer, _ in edges:
+    for (consumer_id, _), entry in into.items():
+        for producer, _ in _edges(entry):
             if producer is not None:
                 parents.setdefault(consumer_id, []).append(producer)
     running = {id(edge[0]) for edge in input_edges if edge is not None}

@@ -12,6 +12,7 @@ order the engine sees.
 """
 import bisect
 import itertools
+import operator
 import threading
 
 import torch
@@ -19,6 +20,7 @@ import torch
 __all__ = ["ModuleCalls", "ParameterNames"]
 
 _probe = threading.local()
+_first = operator.itemgetter(0)
 _peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
 
 
@@ -43,7 +45,7 @@ def _counter():
 
 
 class ModuleCalls:
-    """Forward hooks on every module of a model: the interval of sequence
+    """Forward hooks on the calls of every module of a model: the interval of sequence
     numbers of each call, and ``attribute(seq)``: (path, module, call) of the
     innermost call that created the node numbered ``seq`` (call counts from
     1, per module), or None."""
@@ -57,15 +59,21 @@ class ModuleCalls:
         self._starts = []  # sorted (start, -end, -order) keys: an outer call of
         # the same interval sorts before the inner one, whose post hook ran first ...
         self._intervals = []  # ... and (start, end, path, module, call), in that order
+        self._new = []  # (key, interval) of calls not sorted in yet
         self._open = threading.local()
         self._lock = threading.Lock()
         self._handles = []
         self._order = itertools.count()
 
     def install(self):
-        for module in self.model.modules():
-            self._handles.append(module.register_forward_pre_hook(self._pre))
-            self._handles.append(module.register_forward_hook(self._post))
+        """One global pair of forward hooks (``torch.nn.modules.module``'s),
+        not a pair per module: placing and removing hundreds of hooks at
+        every block would cost more than the calls they time. Calls of
+        modules outside the model are passed over."""
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        self._handles.append(register_module_forward_pre_hook(self._pre))
+        self._handles.append(register_module_forward_hook(self._post))
 
     def remove(self):
         for handle in self._handles:
@@ -73,12 +81,16 @@ class ModuleCalls:
         self._handles = []
 
     def _pre(self, module, args):
+        if id(module) not in self.paths:
+            return
         stack = getattr(self._open, "stack", None)
         if stack is None:
             stack = self._open.stack = []
         stack.append((module, _counter()))
 
     def _post(self, module, args, output):
+        if id(module) not in self.paths:
+            return
         stack = getattr(self._open, "stack", [])
         while stack and stack[-1][0] is not module:  # a forward that raised
             stack.pop()
@@ -91,15 +103,24 @@ class ModuleCalls:
             self._calls[id(module)] = call
             if start is None or end is None:
                 return
-            key = (start, -end, -next(self._order))
-            i = bisect.bisect(self._starts, key)
-            self._starts.insert(i, key)
-            self._intervals.insert(i, (start, end, self.paths.get(id(module), "?"), module, call))
+            # Sorted in when a node is first attributed (after the forwards):
+            # one sort per backward, not an insertion per call.
+            self._new.append(((start, -end, -next(self._order)),
+                              (start, end, self.paths.get(id(module), "?"), module, call)))
+
+    def _sort_in(self):
+        entries = list(zip(self._starts, self._intervals)) + self._new
+        entries.sort(key=_first)
+        self._starts = [key for key, _ in entries]
+        self._intervals = [interval for _, interval in entries]
+        self._new = []
 
     def attribute(self, seq):
         if seq is None:
             return None
         with self._lock:
+            if self._new:
+                self._sort_in()
             i = bisect.bisect(self._starts, (seq, 1))
             # Intervals nest: going back from the last one that starts at or
             # before seq, the first that has not ended yet is the innermost.
