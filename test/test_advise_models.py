@@ -224,6 +224,34 @@ def test_fuse_lowers_allocations_by_the_predicted_bytes_and_the_peak_by_at_most_
     assert 0 <= stock_peak - fused_peak <= report.avoidable_peak_bytes
 
 
+SCALED_EMBEDDINGS = [
+    ("scale_grad_by_freq", {"scale_grad_by_freq": True}),
+    ("padding_idx-scale_grad_by_freq", {"padding_idx": 0, "scale_grad_by_freq": True}),
+]
+
+
+@pytest.mark.parametrize("options", [o for _, o in SCALED_EMBEDDINGS], ids=[n for n, _ in SCALED_EMBEDDINGS])
+def test_with_scale_grad_by_freq_fuse_lowers_allocations_by_the_predicted_bytes_to_the_byte(options):
+    """gpt2 with its tied token embedding scaling each row's gradient by
+    its frequency (and a padding row): the fused lookup still allocates each
+    row's count (int64) and scale (float32), and the padding row kept aside,
+    and advise takes exactly that off the saving it promises."""
+    def gpt2():
+        workload = MODELS["gpt2"]()
+        for option, value in options.items():
+            setattr(workload.model.wte, option, value)
+        return workload
+
+    report = report_of(gpt2())
+    wte = gpt2().model.wte
+    residual = wte.num_embeddings * (8 + F32) + wte.embedding_dim * F32 * ("padding_idx" in options)
+    assert report["wte.weight"].avoidable_bytes == STRUCTURE["gpt2"]()[0]["wte.weight"].avoidable_bytes - residual
+    fused = gpt2()
+    torch_ctxext.nn.fuse(fused.model)
+    (stock_allocated, _), (fused_allocated, _) = measured(gpt2()), measured(fused)
+    assert stock_allocated - fused_allocated == report.avoidable_bytes
+
+
 def gradients_and_exposures(workload, watch):
     workload.model.zero_grad(set_to_none=True)
     with torch_ctxext.explain() as exposures:

@@ -80,10 +80,20 @@ _FUSE_INPUT = ("FusedLinear", "FusedConv1D")
 
 def _residual(module):
     """Bytes a drop-in's fused path still allocates at each add into its
-    weight: one row where an embedding has a ``padding_idx``."""
-    if isinstance(module, torch.nn.Embedding) and module.padding_idx is not None:
-        return module.embedding_dim * module.weight.element_size()
-    return 0
+    weight: for an embedding, one row where it has a ``padding_idx`` and,
+    with ``scale_grad_by_freq``, each row's count (int64) and the scale
+    made of them (the weight's dtype), ``num_embeddings`` elements each
+    (torch_ctxext/nn/embedding.py). A float16 weight's fused path divides
+    a copy of the output gradient instead, which is not counted."""
+    if not isinstance(module, torch.nn.Embedding):
+        return 0
+    element = module.weight.element_size()
+    nbytes = 0
+    if module.padding_idx is not None:
+        nbytes += module.embedding_dim * element
+    if module.scale_grad_by_freq and module.weight.dtype != torch.float16:
+        nbytes += module.num_embeddings * (8 + element)  # int64 counts, the scale
+    return nbytes
 
 
 class Advise:

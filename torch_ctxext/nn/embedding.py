@@ -14,10 +14,17 @@ returns (``aten.embedding_dense_backward``, bit for bit).
 ``padding_idx``, ``scale_grad_by_freq`` and ``max_norm`` behave as in
 ``nn.Embedding``. With ``padding_idx`` the fused path adds every row and
 then puts the padding row of the buffer back as it was: it allocates that
-one row (``embedding_dim`` elements, which ``advise`` takes off the saving
-it promises), never a copy of the output gradient. With
-``scale_grad_by_freq`` it divides a copy of the output gradient by each
-row's count (``tokens x embedding_dim``, which ``advise`` does not count). A
+one row (``embedding_dim`` elements), never a copy of the output gradient.
+With ``scale_grad_by_freq`` it counts how often each row is looked up and
+scales the buffer's rows around the add, ``(w * count + S) / count`` (rows
+not looked up by 1): it allocates the counts (``num_embeddings`` int64) and
+the scale made of them (``num_embeddings`` elements of the weight's dtype),
+never a copy of the output gradient; the gradient is ``nn.Embedding``'s
+within rounding, not bit for bit. ``advise`` takes what the fused path
+allocates off the saving it promises, so the promise is the drop in
+allocated bytes. A float16 weight (whose range ``w * count`` could
+overflow) still divides a copy of the output gradient (``tokens x
+embedding_dim``), which ``advise`` does not count. A
 ``sparse=True`` embedding runs the stock lookup (its
 gradient is sparse: there is no dense buffer to add into). Whether the
 buffer is exposed depends on what the earlier producer left in it: the
@@ -39,8 +46,17 @@ that is an ``nn.Linear`` made a ``FusedLinear`` leaves a buffer of its own.
 import torch
 
 from ._buffers import readable_buffers
+from ._matmul import ones
 
 __all__ = ["FusedEmbedding", "FusedEmbeddingFunction"]
+
+
+def _counts(rows, num_weights):
+    """How many times each of the ``num_weights`` rows is looked up: int64,
+    ``num_weights`` elements, and nothing else allocated (a cached one,
+    expanded; ``bincount`` would also allocate its input's min and max)."""
+    counts = torch.zeros(num_weights, dtype=torch.int64, device=rows.device)
+    return counts.index_add_(0, rows, ones(1, counts)[0].expand(rows.shape[0]))
 
 
 class FusedEmbeddingFunction(torch.autograd.Function):
@@ -69,19 +85,30 @@ class FusedEmbeddingFunction(torch.autograd.Function):
         if w_buf is not None and w_buf.dtype == grad.dtype:
             rows = indices.reshape(-1)
             g = grad.reshape(-1, grad.shape[-1])
-            if ctx.scale_grad_by_freq:
-                counts = torch.bincount(rows, minlength=ctx.num_weights)
-                g = g / counts[rows].unsqueeze(1).to(g.dtype)
-            if ctx.padding_idx >= 0:
-                # The padding row gets no gradient: add every row, then put
-                # the padding row's buffer back as it was (one row kept
-                # aside, not a copy of the output gradient without it).
-                padding_row = w_buf[ctx.padding_idx]
-                kept = padding_row.clone()
+            # The padding row gets no gradient: add every row, then put the
+            # padding row's buffer back as it was (one row kept aside, not a
+            # copy of the output gradient without it).
+            kept = w_buf[ctx.padding_idx].clone() if ctx.padding_idx >= 0 else None
+            if ctx.scale_grad_by_freq and w_buf.dtype != torch.float16:
+                # Row r gets (sum of its rows of g) / count[r]. index_add_
+                # takes one scalar alpha, so the buffer's rows are scaled
+                # instead: (w * c + S) / c = w + S / c, with c = 1 for rows
+                # not looked up (w * 1 / 1 is w exactly). The counts are exact
+                # (int64); c is then in the buffer's dtype, which mul_ and
+                # div_ need to make no temporary.
+                scale = _counts(rows, ctx.num_weights).clamp_(min=1).to(w_buf.dtype).unsqueeze(1)
+                w_buf.mul_(scale)
                 w_buf.index_add_(0, rows, g)
-                padding_row.copy_(kept)
+                w_buf.div_(scale)
             else:
+                if ctx.scale_grad_by_freq:
+                    # float16: w * c could overflow its range (65504), so
+                    # divide a copy of the output gradient instead.
+                    counts = torch.bincount(rows, minlength=ctx.num_weights)
+                    g = g / counts[rows].unsqueeze(1).to(g.dtype)
                 w_buf.index_add_(0, rows, g)
+            if kept is not None:
+                w_buf[ctx.padding_idx].copy_(kept)
             return None, None, None, None, None
         grad_weight = torch.ops.aten.embedding_dense_backward(
             grad, indices, ctx.num_weights, ctx.padding_idx, ctx.scale_grad_by_freq
