@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+import torch_ctxext
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -13,6 +15,11 @@ import advice_page  # noqa: E402
 from where_fusing_pays import MODELS  # noqa: E402
 
 
+@pytest.mark.skipif(
+    torch_ctxext.features()["input_grad_buffers"] == "native",
+    reason="the page shows torch 2.13 + torch_ctxext; without the extension (native 2.15) a "
+    "None whose buffer is shared reads 'reason needs torch_ctxext's extension' "
+    "(docs/checking-your-function.md), so ALBERT's fused report differs there in that one reason")
 def test_the_reports_shown_on_where_fusing_pays_are_what_the_code_prints():
     result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "advice_page.py"), "--check"],
                             capture_output=True, text=True)

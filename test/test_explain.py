@@ -497,6 +497,17 @@ def test_native_not_a_tensor_no_gradient_not_needed():
     assert seen["before"][0].code == "not_needed"
 
 
+@native_only
+def test_native_a_tensor_without_grad_and_a_non_tensor_are_told_apart_where_the_order_shows_which():
+    # next_functions has an entry (without a node) for C before x's, none
+    # after it: C is the tensor, 3 and 4 are not.
+    x, _ = leaves()
+    codes = run(lambda: Probe.apply(C, x, 3, 4).sum())["before"].codes
+    assert (codes[0], codes[2], codes[3]) == ("no_gradient", "not_a_tensor", "not_a_tensor")
+    codes = run(lambda: Probe.apply(3, C, x, C).sum())["before"].codes
+    assert (codes[0], codes[1], codes[3]) == ("no_gradient_or_not_a_tensor",) * 2 + ("no_gradient",)
+
+
 # --- both ---------------------------------------------------------------------------
 
 

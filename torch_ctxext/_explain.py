@@ -232,17 +232,48 @@ def _first_with_same_slot(slots, i):
     return None
 
 
+def _tensor_arguments(ctx):
+    """For each argument passed to ``apply``: True (a tensor), False (not a
+    tensor) or None (cannot be told), from ``needs_input_grad`` and
+    ``next_functions`` alone.
+
+    ``next_functions`` has one entry per tensor argument, in order, without a
+    node for a tensor that does not require grad. The arguments that need a
+    gradient (tensors with a node) split both sequences into runs: the
+    arguments between two of them are all tensors where the entries between
+    the two nodes are as many, none where there are none; in between, which
+    are tensors cannot be told (``f(x, C, 3)``)."""
+    needs = tuple(ctx.needs_input_grad)
+    entries = [node is not None for node, _ in ctx.next_functions]
+    result = [True if need else None for need in needs]
+    argument_runs, entry_runs = [[]], [0]
+    for i, need in enumerate(needs):
+        if need:
+            argument_runs.append([])
+        else:
+            argument_runs[-1].append(i)
+    for has_node in entries:
+        if has_node:
+            entry_runs.append(0)
+        else:
+            entry_runs[-1] += 1
+    if len(argument_runs) != len(entry_runs):  # not the layout described above
+        return result
+    for arguments, tensors in zip(argument_runs, entry_runs):
+        if tensors == 0 or tensors == len(arguments):
+            for i in arguments:
+                result[i] = tensors > 0
+    return result
+
+
 def _python_reason(ctx, i, slots):
     """What Python alone can tell about a None entry (no extension)."""
     needs = tuple(ctx.needs_input_grad)
     if i < len(needs) and not needs[i]:
-        nexts = ctx.next_functions
-        tensors_without_grad = sum(1 for node, _ in nexts if node is None)
-        if len(nexts) == len(needs):
-            return _reason(i, "no_gradient")
-        if tensors_without_grad == 0:
-            return _reason(i, "not_a_tensor")
-        return _reason(i, "no_gradient_or_not_a_tensor")
+        is_tensor = _tensor_arguments(ctx)[i]
+        if is_tensor is None:
+            return _reason(i, "no_gradient_or_not_a_tensor")
+        return _reason(i, "no_gradient" if is_tensor else "not_a_tensor")
     if slots[i] is not None:
         try:
             will_run = torch._C._will_engine_execute_node(slots[i][0])

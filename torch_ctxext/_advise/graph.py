@@ -166,6 +166,7 @@ class Backward:
         else:
             running = None
         self.slots = []
+        self.node_ids = set(nodes)  # every node this backward may run
         for (consumer_id, nr), edges in into.items():
             if type(edges) is tuple:  # one producer: not a slot
                 continue
@@ -176,6 +177,7 @@ class Backward:
             if len(edges) >= 2:
                 self.slots.append(Slot(nodes[consumer_id], nr, edges))
         self.functions = {}  # id(ctx) -> [(slot, producer index)]
+        self.slot_of = {(id(slot.consumer), slot.nr): slot for slot in self.slots}
         self._watch(grad_tensors)
 
     def _watch(self, grad_tensors):
@@ -237,6 +239,21 @@ class Backward:
                                     stock_view=bool(stock_view and gradient is not None and stock_view(ctx, j)))
                     break
 
+    def nothing_arrived(self, ctx, edge):
+        """Whether the slot that ``edge`` (node, input_nr) of the custom
+        Function ``ctx`` feeds has received nothing yet in this backward
+        (then its buffer is empty: "no earlier producer"); None where ``ctx``
+        is not a node of this backward. An edge that is no slot has one
+        producer, ``ctx`` itself."""
+        node, nr = edge
+        if id(ctx) not in self.node_ids or id(node) not in self.node_ids:
+            return None
+        slot = self.slot_of.get((id(node), nr))
+        if slot is None:
+            return True
+        with self.lock:
+            return not slot._given
+
     def finish(self):
         """Remove the hooks (the backward is over, or failed)."""
         for handle in self.handles:
@@ -250,6 +267,8 @@ class Backward:
             slot.leaf = None
             slot.producers = [(op, seq, None, position) for op, seq, _, position in slot.producers]
         self.functions = {}
+        self.slot_of = {}
+        self.node_ids = set()
 
 
 def _walk(roots):

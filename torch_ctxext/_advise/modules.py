@@ -59,7 +59,7 @@ class ModuleCalls:
         self._starts = []  # sorted (start, -end, -order) keys: an outer call of
         # the same interval sorts before the inner one, whose post hook ran first ...
         self._intervals = []  # ... and (start, end, path, module, call), in that order
-        self._new = []  # (key, interval) of calls not sorted in yet
+        self._new = []  # (start, end, module) of the calls not sorted in yet
         self._open = threading.local()
         self._lock = threading.Lock()
         self._handles = []
@@ -99,17 +99,17 @@ class ModuleCalls:
         _, start = stack.pop()
         end = _counter()
         with self._lock:
-            call = self._calls.get(id(module), 0) + 1
-            self._calls[id(module)] = call
-            if start is None or end is None:
-                return
-            # Sorted in when a node is first attributed (after the forwards):
-            # one sort per backward, not an insertion per call.
-            self._new.append(((start, -end, -next(self._order)),
-                              (start, end, self.paths.get(id(module), "?"), module, call)))
+            # Numbered and sorted in when a node is first attributed (after
+            # the forwards): one sort per backward, not an insertion per call.
+            self._new.append((start, end, module))
 
     def _sort_in(self):
-        entries = list(zip(self._starts, self._intervals)) + self._new
+        entries = list(zip(self._starts, self._intervals))
+        for start, end, module in self._new:  # in the order the calls returned
+            call = self._calls[id(module)] = self._calls.get(id(module), 0) + 1
+            if start is not None and end is not None:
+                entries.append(((start, -end, -next(self._order)),
+                                (start, end, self.paths.get(id(module), "?"), module, call)))
         entries.sort(key=_first)
         self._starts = [key for key, _ in entries]
         self._intervals = [interval for _, interval in entries]

@@ -14,7 +14,8 @@ class ProducerAdvice:
     (``path#call`` when the module ran several times) and its class, the
     drop-in that would fuse it into the slot's buffer (None: none would),
     and what that drop-in's fused path still allocates at each add
-    (``residual``: one row of a ``FusedEmbedding`` with ``padding_idx``)."""
+    (``residual``: a ``FusedEmbedding``'s padding row, and with
+    ``scale_grad_by_freq`` its rows' counts and scale)."""
 
     op: str
     module: str | None = None
