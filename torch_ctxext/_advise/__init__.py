@@ -111,8 +111,9 @@ class Advise:
             raise RuntimeError("this advise() block is already active; call advise() again for a new one")
         self.report = AdviceReport(type(self.model).__name__ if self.model is not None else None)
         if self.model is not None:
-            self._names = ParameterNames(self.model)
-            self._calls = ModuleCalls(self.model)
+            modules = list(self.model.named_modules(remove_duplicate=False))  # one walk for both
+            self._names = ParameterNames(self.model, modules)
+            self._calls = ModuleCalls(self.model, modules)
             self._calls.install()
         else:
             self.report.note("no model given: advise(model) names parameters and modules "
@@ -177,10 +178,12 @@ class Advise:
         is worked out once per block (modules and parameters outlive it)."""
         is_parameter = self._is_parameter(slot)
         leaf_key = id(slot.leaf) if is_parameter else None  # a parameter outlives the block
-        producers, wheres = [], []
-        for op, seq, _, _ in slot.producers:
-            where = self._where(seq)
-            wheres.append(where)
+        producers = []
+        if self._calls is not None:
+            wheres = self._calls.attribute_all([seq for _, seq, _, _ in slot.producers])
+        else:
+            wheres = [None] * len(slot.producers)
+        for (op, _, _, _), where in zip(slot.producers, wheres):
             if where is None:
                 producers.append(ProducerAdvice(op))
                 continue

@@ -50,10 +50,12 @@ class ModuleCalls:
     innermost call that created the node numbered ``seq`` (call counts from
     1, per module), or None."""
 
-    def __init__(self, model):
+    def __init__(self, model, modules=None):
         self.model = model
         self.paths = {}
-        for path, module in model.named_modules():
+        # ``modules``: model.named_modules(remove_duplicate=False), when the
+        # caller has it already; a module's first path is its name.
+        for path, module in modules if modules is not None else model.named_modules():
             self.paths.setdefault(id(module), path)
         self._calls = {}  # id(module) -> calls so far
         self._starts = []  # sorted (start, -end, -order) keys: an outer call of
@@ -116,21 +118,29 @@ class ModuleCalls:
         self._new = []
 
     def attribute(self, seq):
-        if seq is None:
-            return None
+        return self.attribute_all((seq,))[0]
+
+    def attribute_all(self, seqs):
+        """``attribute`` of each sequence number (None stays None)."""
+        found = []
         with self._lock:
             if self._new:
                 self._sort_in()
-            i = bisect.bisect(self._starts, (seq, 1))
-            # Intervals nest: going back from the last one that starts at or
-            # before seq, the first that has not ended yet is the innermost.
-            while i > 0:
-                i -= 1
-                start, end, path, module, call = self._intervals[i]
-                if start <= seq < end:
-                    calls = self._calls.get(id(module), 1)
-                    return path, module, call if calls > 1 else None
-        return None
+            starts, intervals, calls = self._starts, self._intervals, self._calls
+            for seq in seqs:
+                where = None
+                if seq is not None:
+                    i = bisect.bisect(starts, (seq, 1))
+                    # Intervals nest: going back from the last one that starts at or
+                    # before seq, the first that has not ended yet is the innermost.
+                    while i > 0:
+                        i -= 1
+                        start, end, path, module, call = intervals[i]
+                        if start <= seq < end:
+                            where = (path, module, call if calls.get(id(module), 1) > 1 else None)
+                            break
+                found.append(where)
+        return found
 
     def path_name(self, path):
         """A module path as the report shows it: the model itself by its class."""
@@ -141,10 +151,11 @@ class ParameterNames:
     """Parameter (and buffer) tensors of a model by identity: their name, the
     other names a tied one has, and the modules that hold them directly."""
 
-    def __init__(self, model):
+    def __init__(self, model, modules=None):
         self.names = {}
         self.owners = {}
-        for module_path, module in model.named_modules(remove_duplicate=False):
+        for module_path, module in modules if modules is not None else model.named_modules(
+                remove_duplicate=False):
             for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
                 if p is None:
                     continue

@@ -224,7 +224,9 @@ class AdviceReport:
             self._slots[slot.name] = slot
 
     def add_saving(self, path, stock, drop_in, slot_name, nbytes):
-        advice = self.drop_ins.setdefault(path, DropInAdvice(path, stock, drop_in))
+        advice = self.drop_ins.get(path)
+        if advice is None:
+            advice = self.drop_ins[path] = DropInAdvice(path, stock, drop_in)
         advice.avoidable_bytes += nbytes
         if slot_name not in advice.slots:
             advice.slots.append(slot_name)
