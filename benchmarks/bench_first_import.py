@@ -20,7 +20,6 @@ Each is the wall clock of the whole process (``python -c ...``), including
 median and the extremes are printed, and the machine's load average.
 """
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from package_copy import add_packaged_binaries, sources_only_copy  # noqa: E402
 ONE_TU = r"""
 #include <torch/extension.h>
 torch::Tensor twice(const torch::Tensor& x) { return x * 2; }
@@ -41,19 +42,13 @@ LOAD_ONE_TU = ("import sys, torch, torch.utils.cpp_extension as c; "
 
 
 def _copy(source_root, site, binary=None):
-    package = os.path.join(site, "torch_ctxext")
-    shutil.copytree(os.path.join(source_root, "torch_ctxext"), package,
-                    ignore=shutil.ignore_patterns("__pycache__", "_C*", "_build_info.py", "_binaries"))
-    shutil.copytree(os.path.join(source_root, "csrc"), os.path.join(package, "csrc"))
+    """The package of the checkout at ``source_root``, nothing built, and
+    with ``binary`` ((path, manifest entry)) packaged as a wheel carries it."""
+    package = sources_only_copy(os.path.join(source_root, "torch_ctxext"), site)
     if binary is not None:
         path, entry = binary
-        directory = os.path.join(package, "_binaries", "this")
-        os.makedirs(directory)
-        shutil.copy(path, os.path.join(directory, "_C.so"))
-        data = open(path, "rb").read()
-        manifest = {"format": 1, "builds": [dict(entry, path="this/_C.so", sha256=hashlib.sha256(data).hexdigest())]}
-        with open(os.path.join(package, "_binaries", "manifest.json"), "w") as f:
-            json.dump(manifest, f)
+        with open(path, "rb") as f:
+            add_packaged_binaries(package, [("this", f.read(), entry)])
 
 
 def _timed(command, env):

@@ -43,6 +43,9 @@ import time
 import bench
 from bench import ROOT
 
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from package_copy import sources_only_copy  # noqa: E402
+
 TIMED_IMPORT = (
     "import time, torch; start = time.perf_counter(); import torch_ctxext; "
     "elapsed = time.perf_counter() - start; import torch_ctxext._ext.loader as e; "
@@ -57,13 +60,8 @@ def _env(site, cache):
 
 
 def _sources_only_copy(site):
-    package = os.path.join(site, "torch_ctxext")
-    shutil.copytree(
-        os.path.join(ROOT, "torch_ctxext"), package,
-        ignore=shutil.ignore_patterns("__pycache__", "_C*", "_build_info.py"),
-    )
-    shutil.copytree(os.path.join(ROOT, "csrc"), os.path.join(package, "csrc"))
-    return package
+    """This checkout's package, nothing built (tools/package_copy.py)."""
+    return sources_only_copy(os.path.join(ROOT, "torch_ctxext"), site)
 
 
 def _run(python, code, env):

@@ -17,10 +17,9 @@ Each case is a package tree made here around the binary the running torch
 loaded (a binary wheel's layout), imported in a fresh interpreter with an
 empty build cache.
 """
-import hashlib
 import json
 import os
-import shutil
+import pathlib
 import subprocess
 import sys
 import zipfile
@@ -30,6 +29,9 @@ import torch
 
 import torch_ctxext
 from torch_ctxext._ext import loader
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+from package_copy import add_packaged_binaries, sources_only_copy  # noqa: E402
 
 PACKAGE = os.path.dirname(os.path.abspath(torch_ctxext.__file__))
 needs_binary = pytest.mark.skipif(
@@ -53,24 +55,15 @@ def binary_install(tmp_path, entries, damage=None):
     """A copy of the package carrying the loaded binary once per manifest
     entry (``damage``: "missing" or "corrupt" for the first); its site dir."""
     site = tmp_path / "site"
-    shutil.copytree(PACKAGE, site / "torch_ctxext", ignore=shutil.ignore_patterns(
-        "__pycache__", "_build_info.py", "_C*.so", "_binaries"))
-    csrc = os.path.join(os.path.dirname(PACKAGE), "csrc")
-    if not (site / "torch_ctxext" / "csrc").exists() and os.path.isdir(csrc):
-        shutil.copytree(csrc, site / "torch_ctxext" / "csrc")
-    binaries = site / "torch_ctxext" / "_binaries"
+    package = sources_only_copy(PACKAGE, str(site))
     data = open(loader.loaded.path, "rb").read()
-    manifest = {"format": 1, "python": sys.implementation.cache_tag, "builds": []}
-    for i, entry in enumerate(entries):
-        name = f"build-{i}"
-        (binaries / name).mkdir(parents=True)
-        (binaries / name / "_C.so").write_bytes(data)
-        manifest["builds"].append(dict(entry, path=f"{name}/_C.so", sha256=hashlib.sha256(data).hexdigest()))
+    binaries = pathlib.Path(add_packaged_binaries(
+        package, [(f"build-{i}", data, entry) for i, entry in enumerate(entries)],
+        python=sys.implementation.cache_tag))
     if damage == "missing":
         (binaries / "build-0" / "_C.so").unlink()
     elif damage == "corrupt":
         (binaries / "build-0" / "_C.so").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    (binaries / "manifest.json").write_text(json.dumps(manifest))
     return site
 
 

@@ -1,0 +1,55 @@
+"""A copy of the torch_ctxext package as an install lays it out, for the tests and benchmarks that install one by hand.
+
+* :func:`sources_only_copy`: the package with its C++ sources and nothing
+  built (no extension, no build record, no packaged binaries): what an sdist
+  or a checkout installs;
+* :func:`add_packaged_binaries`: binaries as a wheel carries them,
+  ``_binaries/<name>/_C.so`` and ``_binaries/manifest.json`` (each build's
+  manifest entry with its path and digest; see ``torch_ctxext/_ext/loader.py``).
+
+    >>> import os, tempfile
+    >>> site = tempfile.mkdtemp()
+    >>> package = sources_only_copy(os.path.join(ROOT, "torch_ctxext"), site)
+    >>> sorted(n for n in os.listdir(package) if n in ("csrc", "_binaries"))
+    ['csrc']
+"""
+import hashlib
+import json
+import os
+import shutil
+
+__all__ = ["sources_only_copy", "add_packaged_binaries", "ROOT"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_NOT_SOURCES = shutil.ignore_patterns("__pycache__", "_C*", "_build_info.py", "_binaries")
+
+
+def sources_only_copy(package_dir, site):
+    """Copy the package at ``package_dir`` (a checkout's ``torch_ctxext/`` or
+    an installed one) to ``site/torch_ctxext`` without anything built, with
+    ``csrc/`` inside it (taken from beside the package in a checkout);
+    returns the copy's directory."""
+    package = os.path.join(site, "torch_ctxext")
+    shutil.copytree(package_dir, package, ignore=_NOT_SOURCES)
+    csrc = os.path.join(os.path.dirname(os.path.abspath(package_dir)), "csrc")
+    if not os.path.isdir(os.path.join(package, "csrc")) and os.path.isdir(csrc):
+        shutil.copytree(csrc, os.path.join(package, "csrc"))
+    return package
+
+
+def add_packaged_binaries(package, builds, python=None):
+    """Write ``builds``, ``[(name, binary bytes, manifest entry)]``, into
+    ``package/_binaries`` as a wheel carries them (the manifest names this
+    CPython's tag when ``python`` is given); returns that directory."""
+    binaries = os.path.join(package, "_binaries")
+    manifest = {"format": 1, "builds": []}
+    if python is not None:
+        manifest["python"] = python
+    for name, data, entry in builds:
+        os.makedirs(os.path.join(binaries, name))
+        with open(os.path.join(binaries, name, "_C.so"), "wb") as f:
+            f.write(data)
+        manifest["builds"].append(dict(entry, path=f"{name}/_C.so", sha256=hashlib.sha256(data).hexdigest()))
+    with open(os.path.join(binaries, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    return binaries
