@@ -14,7 +14,7 @@ import torch
 
 import torch_ctxext
 from torch_ctxext.nn import (FusedEmbedding, FusedEmbeddingFunction, FusedLinear, FusedLinearFunction,
-                             FusedLSTMCell, fuse)
+                             FusedLSTMCell, FusedLSTMGatesFunction, fuse)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
@@ -140,7 +140,16 @@ def test_fused_lstm_cell_computes_nn_lstm_cells_outputs_bit_for_bit_and_its_grad
         torch.testing.assert_close(b.grad, a.grad, msg=name)
     # Four parameters used at each of 5 steps: every step but the first to
     # run backward adds into their buffers.
-    assert exposed(report, FusedLinearFunction) == 4 * (5 - 1)
+    assert exposed(report, FusedLSTMGatesFunction) == 4 * (5 - 1)
+
+
+def test_fused_lstm_gates_function_passes_check_function():
+    gen = torch.Generator().manual_seed(0)
+    h, x = torch.randn(2, 4, generator=gen, requires_grad=True), torch.randn(2, 3, generator=gen, requires_grad=True)
+    w_hh, w_ih = (torch.randn(16, n, generator=gen, requires_grad=True) for n in (4, 3))
+    b_hh, b_ih = (torch.randn(16, generator=gen, requires_grad=True) for _ in range(2))
+    report = torch_ctxext.testing.check_function(FusedLSTMGatesFunction, h, w_hh, b_hh, x, w_ih, b_ih, True)
+    assert report.passed, str(report)
 
 
 def test_fused_lstm_cell_rejects_input_of_the_wrong_rank():

@@ -22,7 +22,7 @@ from .conv1d import FusedConv1DFunction
 from .embedding import FusedEmbedding, FusedEmbeddingFunction
 from .fuse import DROP_INS, drop_in_for, fuse
 from .linear import FusedLinear, FusedLinearFunction
-from .rnn import FusedLSTMCell
+from .rnn import FusedLSTMCell, FusedLSTMGatesFunction
 
 __all__ = [
     "DROP_INS",
@@ -30,6 +30,7 @@ __all__ = [
     "FusedEmbedding",
     "FusedEmbeddingFunction",
     "FusedLSTMCell",
+    "FusedLSTMGatesFunction",
     "FusedLinear",
     "FusedLinearFunction",
     "drop_in_for",

@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-__all__ = ["as_matrix", "input_grad", "weight_grad", "bias_grad", "backward"]
+__all__ = ["as_matrix", "input_grad", "weight_grad", "bias_grad", "backward", "linear_grads"]
 
 _ones = {}  # (device, dtype) -> a vector of ones, grown as needed, never shrunk
 _ones_lock = threading.Lock()
@@ -72,16 +72,24 @@ def backward(ctx, grad_out, buffers, stored_out_in):
     (``nn.Linear``), else ``in x out`` (``Conv1D``). ``buffers``: the
     entries of ``ctx.input_grad_buffers`` for x, weight and bias."""
     x, weight = ctx.saved_tensors
+    needs = ctx.needs_input_grad[:2] + ((ctx.has_bias and ctx.needs_input_grad[2]),)
+    return (*linear_grads(grad_out, x, weight, needs, buffers, stored_out_in), None)
+
+
+def linear_grads(grad_out, x, weight, needs, buffers, stored_out_in=True):
+    """``(grad_x, grad_w, grad_b)`` of ``y = x @ W (+ b)``, each only where
+    ``needs`` says (None otherwise, and None where it was added into its
+    entry of ``buffers``)."""
     x_buf, w_buf, b_buf = buffers
     g = as_matrix(grad_out)
     grad_x = grad_w = grad_b = None
-    if ctx.needs_input_grad[0]:
+    if needs[0]:
         w_x = weight.to(x.dtype)
         grad_x = input_grad(g.to(x.dtype), w_x if stored_out_in else w_x.t(), x, x_buf)
-    if ctx.needs_input_grad[1]:
+    if needs[1]:
         x2 = as_matrix(x).to(g.dtype)
         a, b = (g.t(), x2) if stored_out_in else (x2.t(), g)
         grad_w = weight_grad(a, b, w_buf, weight.dtype)
-    if ctx.has_bias and ctx.needs_input_grad[2]:
+    if needs[2]:
         grad_b = bias_grad(g, b_buf)
-    return grad_x, grad_w, grad_b, None
+    return grad_x, grad_w, grad_b

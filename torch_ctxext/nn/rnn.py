@@ -2,10 +2,11 @@
 
 A cell unrolled over T steps uses each of its four parameters T times inside
 one backward. ``nn.LSTMCell`` returns T gradients of each for the engine to
-add; ``FusedLSTMCell`` computes the gates through
-:class:`~torch_ctxext.nn.FusedLinearFunction`, so every step after the first
-to run backward adds its weight and bias gradients into the buffers
-(``addmm_``, ``add_``). The rest of the cell is ``nn.LSTMCell``'s CPU
+add; ``FusedLSTMCell`` computes the gates with one Function,
+:class:`FusedLSTMGatesFunction` (both products and both biases, as
+``FusedLinearFunction`` computes one), so every step after the first to run
+backward adds its weight and bias gradients into the buffers (``addmm_``,
+``addmv_``). The rest of the cell is ``nn.LSTMCell``'s CPU
 computation, operation for operation (``aten::lstm_cell``): the same forward,
 bit for bit, on the CPU; on an accelerator torch's own cell runs a fused
 kernel (``_thnn_fused_lstm_cell``), which this cell does not use.
@@ -21,14 +22,57 @@ kernel (``_thnn_fused_lstm_cell``), which this cell does not use.
     torch.Size([20, 5])
 """
 import torch
+import torch.nn.functional as F
 
-from .linear import FusedLinearFunction
+from ._buffers import readable_buffers
+from ._matmul import linear_grads
 
-__all__ = ["FusedLSTMCell"]
+__all__ = ["FusedLSTMCell", "FusedLSTMGatesFunction"]
+
+
+class FusedLSTMGatesFunction(torch.autograd.Function):
+    """An LSTM cell's gates, ``(h @ weight_hh.t() + bias_hh) + (x @ weight_ih.t()
+    + bias_ih)``, computed as ``aten::lstm_cell`` does on the CPU, whose
+    backward adds the weights', the biases' and the inputs' gradients into
+    their buffers where exposed (``FusedLinearFunction``'s backward, twice).
+
+    ``forward(ctx, h, weight_hh, bias_hh, x, weight_ih, bias_ih, fuse)``:
+    the biases may be ``None``. One Function per step, not one per product:
+    each costs its apply and its node, on every step of an unrolled cell.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight_hh, bias_hh, x, weight_ih, bias_ih, fuse):
+        gates = F.linear(h, weight_hh, bias_hh).add_(F.linear(x, weight_ih, bias_ih))
+        ctx.save_for_backward(h, weight_hh, x, weight_ih)
+        ctx.fuse = fuse
+        ctx.has_bias = (bias_hh is not None, bias_ih is not None)
+        if gates.dtype != weight_hh.dtype:
+            # autocast computed the gates in lower precision (FusedLinearFunction).
+            ctx.set_output_grad_dtype(weight_hh.dtype)
+        return gates
+
+    @staticmethod
+    def stock_gradient_is_view(ctx, index):
+        """``FusedLinearFunction.stock_gradient_is_view`` for each of the two
+        products: the weights' and the biases' gradients (the inputs are 2-D)."""
+        return index in (1, 2, 4, 5)
+
+    @staticmethod
+    def backward(ctx, grad_gates):
+        h, weight_hh, x, weight_ih = ctx.saved_tensors
+        buffers = readable_buffers(ctx, ctx.fuse)
+        needs = ctx.needs_input_grad
+        # The input's product first: nn.LSTMCell's is created last, so it runs first.
+        grads_ih = linear_grads(grad_gates, x, weight_ih, (needs[3], needs[4], ctx.has_bias[1] and needs[5]),
+                                buffers[3:6])
+        grads_hh = linear_grads(grad_gates, h, weight_hh, (needs[0], needs[1], ctx.has_bias[0] and needs[2]),
+                                buffers[0:3])
+        return (*grads_hh, *grads_ih, None)
 
 
 class FusedLSTMCell(torch.nn.LSTMCell):
-    """``torch.nn.LSTMCell`` whose gates are computed by FusedLinearFunction.
+    """``torch.nn.LSTMCell`` whose gates are computed by FusedLSTMGatesFunction.
 
     Same ``__init__``, parameters, ``state_dict`` and call signature
     (``cell(input, (h, c))``, batched or not); ``fuse=False`` keeps the
@@ -60,8 +104,8 @@ class FusedLSTMCell(torch.nn.LSTMCell):
         h, c = hx
         # aten::lstm_cell on the CPU: linear_hh(hx).add_(linear_ih(input)),
         # four chunks activated in place, then the cell and hidden state.
-        gates = FusedLinearFunction.apply(h, self.weight_hh, self.bias_hh, self.fuse)
-        gates = gates.add_(FusedLinearFunction.apply(input, self.weight_ih, self.bias_ih, self.fuse))
+        gates = FusedLSTMGatesFunction.apply(h, self.weight_hh, self.bias_hh, input, self.weight_ih,
+                                             self.bias_ih, self.fuse)
         in_gate, forget_gate, cell_gate, out_gate = gates.unsafe_chunk(4, 1)
         in_gate = in_gate.sigmoid_()
         forget_gate = forget_gate.sigmoid_()
