@@ -310,13 +310,15 @@ test)
         python3 "$diff_dir/run.py" --compare "$out/diff-device-ref.json" "$out/diff-device-$version.json" \
             --allow "$diff_dir/deviations-device.txt" | sed -n '/^non-None buffers/,$p'
     done
-    echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile), examples/, advise's report and the drop-ins, native $reference"
+    echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile), examples/, advise's report, explain and the drop-ins, native $reference"
     # Where fusion happens in each stack, and what advise reports, is pinned on
     # $main + torch_ctxext above; native 2.15 is the reference behaviour, so
-    # the same tests must pass there.
+    # the same tests must pass there; and what advise and explain say without
+    # the extension is tested only there.
     PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
         --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py" \
-        "$root/test/test_advise_models.py" "$root/test/test_nn.py" "$root/test/test_advise_transformers.py"
+        "$root/test/test_advise_models.py" "$root/test/test_nn.py" "$root/test/test_advise_transformers.py" \
+        "$root/test/test_advise.py" "$root/test/test_explain.py"
     # The binary wheels, as users install them (tools/wheels.py): CPython 3.11
     # with this machine's CPU build of $main, 3.13 with PyPI's (CUDA) build
     # of $main, 3.10 with PyPI's $oldest; the plugin's own tests on 3.13 and 3.10.
