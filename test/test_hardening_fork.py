@@ -202,6 +202,15 @@ def _main(lock, refused_copies):
         fused_backward()  # a recorded exposure, and the InputBuffer::add hook
         assert ext.producer_hook_placed()
 
+    # torch initialises some process-wide state on the first backward (on a
+    # CUDA build, the device count: a function-local static). A fork while
+    # another thread is inside that first initialisation leaves its guard
+    # held in the child, whose backward then waits forever: torch's own
+    # state, not a lock of torch_ctxext, so it is settled before any thread
+    # trains (seen on 2.6: the child parked in c10::cuda::device_count).
+    warm = torch.ones(1, requires_grad=True)
+    (warm * 2).sum().backward()
+
     stop = threading.Event()
     errors = []
 
