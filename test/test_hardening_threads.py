@@ -164,6 +164,12 @@ def fork_while_threads_train():
     """The main thread forks N_FORKS children while 4 threads train; each
     child runs passes of the same workload. Returns (the threads' errors,
     each child's exit code or "hung")."""
+    # torch's first backward initialises process-wide state (on a CUDA
+    # build, the device count: a function-local static); a fork while a
+    # thread is inside that first initialisation would leave its guard held
+    # in the child (test_hardening_fork.py): settled before the threads start.
+    warm = torch.ones(1, requires_grad=True)
+    (warm * 2).sum().backward()
     n_threads = 4
     errors, fused_counts = [], [None] * n_threads
     barrier = threading.Barrier(n_threads + 1)
