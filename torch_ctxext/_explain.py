@@ -266,11 +266,15 @@ def _tensor_arguments(ctx):
     return result
 
 
-def _python_reason(ctx, i, slots):
-    """What Python alone can tell about a None entry (no extension)."""
+def _python_reason(ctx, i, slots, tensor_arguments, slot_empty=None):
+    """What Python alone can tell about a None entry (no extension).
+    ``tensor_arguments``: :func:`_tensor_arguments`'s answer; ``slot_empty``
+    (optional): for an argument's (node, input_nr), True where the caller saw
+    that nothing has reached that slot yet in the running backward (then
+    "no earlier producer"; ``advise`` watches the slots)."""
     needs = tuple(ctx.needs_input_grad)
     if i < len(needs) and not needs[i]:
-        is_tensor = _tensor_arguments(ctx)[i]
+        is_tensor = tensor_arguments[i]
         if is_tensor is None:
             return _reason(i, "no_gradient_or_not_a_tensor")
         return _reason(i, "no_gradient" if is_tensor else "not_a_tensor")
@@ -281,6 +285,8 @@ def _python_reason(ctx, i, slots):
             will_run = True
         if not will_run:
             return _reason(i, "not_needed")
+        if slot_empty is not None and slot_empty(slots[i]):
+            return _reason(i, "no_earlier_producer")
     return _reason(i, "unknown")
 
 
@@ -293,12 +299,13 @@ def _from_raw(i, raw, note=""):
     return _reason(i, code, detail, note)
 
 
-def build_reasons(ctx, buffers, raw, held_note=False):
+def build_reasons(ctx, buffers, raw, held_note=False, slot_empty=None):
     """Combine what was read (``buffers``, may be None), the extension's
     reasons taken before the read (``raw``, may be None) and what Python can
-    see into one Explanation."""
+    see into one Explanation (``slot_empty``: see :func:`_python_reason`)."""
     count = len(buffers) if buffers is not None else len(raw)
     slots = _argument_slots(ctx, count)
+    tensor_arguments = _tensor_arguments(ctx) if raw is None else None
     reasons = []
     for i in range(count):
         j = _first_with_same_slot(slots, i)
@@ -316,7 +323,7 @@ def build_reasons(ctx, buffers, raw, held_note=False):
             note = _HELD_NOTE if held_note and raw[i][0] == "shared" else ""
             reasons.append(_from_raw(i, raw[i], note))
         else:
-            reasons.append(_python_reason(ctx, i, slots))
+            reasons.append(_python_reason(ctx, i, slots, tensor_arguments, slot_empty))
     result = Explanation(reasons)
     result.function = function_name(ctx)
     return result

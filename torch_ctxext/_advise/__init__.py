@@ -112,7 +112,7 @@ class Advise:
         self.report = AdviceReport(type(self.model).__name__ if self.model is not None else None)
         if self.model is not None:
             modules = list(self.model.named_modules(remove_duplicate=False))  # one walk for both
-            self._names = ParameterNames(self.model, modules)
+            self._names = ParameterNames(modules)
             self._calls = ModuleCalls(self.model, modules)
             self._calls.install()
         else:

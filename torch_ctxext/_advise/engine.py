@@ -184,9 +184,8 @@ _WRAPPERS = {"apply": _apply, "apply_boxed": _apply_boxed}
 def _on_read(ctx, result, raw):
     """Every read of ctx.input_grad_buffers while a block is active."""
     try:
-        reasons = _explain.build_reasons(ctx, result, raw)
-        if raw is None:  # no extension (native 2.15): what the watch saw tells more
-            reasons = _no_earlier_producer(ctx, reasons)
+        # Without the extension (native 2.15), what the watch saw tells more.
+        reasons = _explain.build_reasons(ctx, result, raw, slot_empty=lambda edge: _slot_empty(ctx, edge))
         stack = getattr(_calls, "stack", None)
         if stack and stack[-1].ctx is ctx:
             for i, buffer in enumerate(result):
@@ -199,24 +198,13 @@ def _on_read(ctx, result, raw):
             session.failed(error)
 
 
-def _no_earlier_producer(ctx, reasons):
-    """Without the extension a None entry's reason is "unknown"; where the
-    backward being watched has received nothing yet in that entry's slot,
-    its buffer is empty, and the reason is "no earlier producer" (what the
-    extension says there)."""
-    if "unknown" not in reasons.codes:
-        return reasons
-    edges = _explain._argument_slots(ctx, len(reasons))
-    refined = list(reasons)
-    for k, reason in enumerate(reasons):
-        if reason.code != "unknown" or edges[k] is None:
-            continue
-        for record in _backwards:
-            empty = record.nothing_arrived(ctx, edges[k])
-            if empty is not None:  # the backward ctx belongs to
-                if empty:
-                    refined[k] = _explain._reason(reason.index, "no_earlier_producer")
-                break
-    result = _explain.Explanation(refined)
-    result.function = reasons.function
-    return result
+def _slot_empty(ctx, edge):
+    """Whether nothing has reached the slot ``edge`` (node, input_nr) of the
+    custom Function ``ctx`` yet, in the watched backward ``ctx`` belongs to
+    (its buffer is then empty: "no earlier producer"); False where no
+    watched backward holds ``ctx``."""
+    for record in _backwards:
+        empty = record.nothing_arrived(ctx, edge)
+        if empty is not None:
+            return empty
+    return False

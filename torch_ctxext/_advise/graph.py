@@ -23,7 +23,7 @@ import torch
 from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import get_gradient_edge
 
-from .._explain import _argument_slots, function_name
+from .._explain import _argument_slots, _extension, function_name
 
 __all__ = ["Backward", "Arrival"]
 
@@ -166,7 +166,9 @@ class Backward:
         else:
             running = None
         self.slots = []
-        self.node_ids = set(nodes)  # every node this backward may run
+        # Every node this backward may run: for nothing_arrived, which only a
+        # torch without the extension asks (the extension tells it itself).
+        self.node_ids = set(nodes) if _extension() is None else set()
         for (consumer_id, nr), edges in into.items():
             if type(edges) is tuple:  # one producer: not a slot
                 continue
@@ -243,8 +245,9 @@ class Backward:
         """Whether the slot that ``edge`` (node, input_nr) of the custom
         Function ``ctx`` feeds has received nothing yet in this backward
         (then its buffer is empty: "no earlier producer"); None where ``ctx``
-        is not a node of this backward. An edge that is no slot has one
-        producer, ``ctx`` itself."""
+        is not a node of this backward (or the extension is loaded: no node
+        is listed then). An edge that is no slot has one producer, ``ctx``
+        itself."""
         node, nr = edge
         if id(ctx) not in self.node_ids or id(node) not in self.node_ids:
             return None

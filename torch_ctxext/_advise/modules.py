@@ -50,12 +50,12 @@ class ModuleCalls:
     innermost call that created the node numbered ``seq`` (call counts from
     1, per module), or None."""
 
-    def __init__(self, model, modules=None):
+    def __init__(self, model, modules):
         self.model = model
         self.paths = {}
-        # ``modules``: model.named_modules(remove_duplicate=False), when the
-        # caller has it already; a module's first path is its name.
-        for path, module in modules if modules is not None else model.named_modules():
+        # ``modules``: model.named_modules(remove_duplicate=False), which
+        # ParameterNames reads too; a module's first path is its name.
+        for path, module in modules:
             self.paths.setdefault(id(module), path)
         self._calls = {}  # id(module) -> calls so far
         self._starts = []  # sorted (start, -end, -order) keys: an outer call of
@@ -151,11 +151,11 @@ class ParameterNames:
     """Parameter (and buffer) tensors of a model by identity: their name, the
     other names a tied one has, and the modules that hold them directly."""
 
-    def __init__(self, model, modules=None):
+    def __init__(self, modules):
+        """``modules``: the model's named_modules(remove_duplicate=False)."""
         self.names = {}
         self.owners = {}
-        for module_path, module in modules if modules is not None else model.named_modules(
-                remove_duplicate=False):
+        for module_path, module in modules:
             for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
                 if p is None:
                     continue
