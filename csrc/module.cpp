@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "advise_watch.h"
 #include "boxed_grads.h"
 #include "direct_accumulation.h"
 #include "engine_layout.h"
@@ -418,6 +419,8 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("original"));
   m.def("apply_depth", &torch_ctxext::current_apply_depth);
+  // advise()'s walk and hooks (torch_ctxext/_advise/graph.py).
+  torch_ctxext::bind_advise_watch(m);
   // The process-global locks the engine takes without the GIL, each made
   // fork-safe (fork_safety.h), and a test-only hook that parks the next
   // GIL-free acquisition of one inside its region, so that a test can fork

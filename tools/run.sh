@@ -285,10 +285,10 @@ test)
         venv=$(venv_for "$version")
         report "$version" "$venv/bin/python"
         accelerator_tests "$version" "$venv/bin/python"
-        echo "== where the releases differ (test/test_release_boundaries.py), advise's report and the drop-ins (test/test_advise_models.py, test/test_nn.py), torch $version"
+        echo "== where the releases differ (test/test_release_boundaries.py), advise's report, its C++ watch and the drop-ins (test/test_advise_models.py, test/test_advise_watch.py, test/test_nn.py), torch $version"
         "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts= \
             --rootdir "$root" "$root/test/test_release_boundaries.py" "$root/test/test_advise_models.py" \
-            "$root/test/test_nn.py"
+            "$root/test/test_advise_watch.py" "$root/test/test_nn.py"
         import_tests "$version" "$venv/bin/python"
     done
     echo "== the compatibility matrix in the docs matches these reports"

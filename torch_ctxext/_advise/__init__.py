@@ -142,6 +142,8 @@ class Advise:
 
     def add(self, record: Backward):
         self.report.backwards += 1
+        for problem in record.problems:
+            self.report.note(f"a backward was not fully observed: {problem}")
         if record.create_graph:
             self.report.note("a backward ran with create_graph=True: the engine sums out of place "
                              "and exposes no buffer there, so no drop-in saves anything in it")

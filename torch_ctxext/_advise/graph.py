@@ -16,7 +16,14 @@ watched while the engine runs:
 
 Nothing here keeps a gradient: hooks read sizes, storage addresses and
 identities, and the nodes are dropped when the backward ends.
+
+With torch_ctxext's extension (torch 2.6 to 2.14) the walk and the hooks on
+built-in nodes are C++ ones (``_C.advise_watch``, csrc/advise_watch.cpp): the
+engine then calls no Python for them and wraps no gradient as a Python
+tensor. Where the extension is absent (native 2.15) or compiled autograd is
+on (which calls Python hooks only), they are Python's.
 """
+import sys
 import threading
 
 import torch
@@ -109,9 +116,10 @@ def _metadata_bytes(node, nr):
 
 class Slot:
     """A slot with two or more producers in one backward (nodes held only
-    while it runs)."""
+    while it runs); ``index``: its place in the backward's list."""
 
-    def __init__(self, consumer, nr, producers):
+    def __init__(self, index, consumer, nr, producers):
+        self.index = index
         self.consumer = consumer
         self.nr = nr
         self.op = consumer.name()
@@ -152,6 +160,29 @@ class Slot:
                 and self.final_address != self.first_address)
 
 
+_KINDS = ("none", "gradient", "fused")  # csrc/advise_watch.cpp's Kind
+
+
+def _compiled_autograd_on():
+    """Whether compiled autograd is on: it calls a node's Python hooks but no
+    C++ one (torch._dynamo.compiled_autograd sets this flag in ``_enable``
+    and torch.compile's ``config.compiled_autograd``; never imported here)."""
+    module = sys.modules.get("torch._dynamo.compiled_autograd")
+    return module is not None and bool(getattr(module, "compiled_autograd_enabled", False))
+
+
+def _native_watch(roots, input_edges):
+    """The extension's watch of this backward (its walk, its hooks on the
+    built-in nodes), or None where Python's must do."""
+    watch = getattr(_extension(), "advise_watch", None)
+    if watch is None or _compiled_autograd_on():
+        return None
+    try:
+        return watch(roots, input_edges)
+    except (TypeError, ValueError):  # an edge it cannot read: Python's walk reads any
+        return None
+
+
 class Backward:
     """The slots of one backward call and the hooks that watch them."""
 
@@ -159,40 +190,43 @@ class Backward:
         self.create_graph = bool(create_graph)
         self.lock = threading.Lock()
         self.handles = []
+        self.problems = []  # what kept this backward from being fully seen
         roots = [_edge(t) for t in t_outputs]
-        into, nodes = _walk(roots)
-        if inputs:
-            running = _leading_to(into, nodes, [_edge(t) for t in inputs])
+        input_edges = [_edge(t) for t in inputs] if inputs else []
+        self.native = _native_watch(roots, input_edges)
+        if self.native is not None:
+            found = self.native.slots
+            self.node_ids = set()
         else:
-            running = None
-        self.slots = []
-        # Every node this backward may run: for nothing_arrived, which only a
-        # torch without the extension asks (the extension tells it itself).
-        self.node_ids = set(nodes) if _extension() is None else set()
-        for (consumer_id, nr), edges in into.items():
-            if type(edges) is tuple:  # one producer: not a slot
-                continue
-            if running is not None:
-                if consumer_id not in running:
-                    continue
-                edges = [e for e in edges if e[0] is None or id(e[0]) in running]
-            if len(edges) >= 2:
-                self.slots.append(Slot(nodes[consumer_id], nr, edges))
+            found, nodes = _python_slots(roots, input_edges)
+            # Every node this backward may run: for nothing_arrived, which
+            # only a torch without the extension asks (the extension tells
+            # it itself).
+            self.node_ids = set(nodes) if _extension() is None else set()
+        self.slots = [Slot(i, consumer, nr, edges) for i, (consumer, nr, edges) in enumerate(found)]
         self.functions = {}  # id(ctx) -> [(slot, producer index)]
         self.slot_of = {(id(slot.consumer), slot.nr): slot for slot in self.slots}
         self._watch(grad_tensors)
 
+    def _arrive(self, slot, index, gradient, kind=None, stock_view=False):
+        if self.native is not None:
+            self.native.arrive(slot.index, index, gradient, kind == "fused", stock_view)
+        else:
+            slot.arrive(index, gradient, kind, stock_view)
+
     def _watch(self, grad_tensors):
         posts, pres = {}, {}
+        native = self.native is not None  # its hooks are placed already
         for slot in self.slots:
-            pres.setdefault(id(slot.consumer), (slot.consumer, []))[1].append(slot)
+            if not native:
+                pres.setdefault(id(slot.consumer), (slot.consumer, []))[1].append(slot)
             for index, (_, _, node, position) in enumerate(slot.producers):
                 if node is None:  # the root gradient is in the slot before any node runs
                     root = grad_tensors[position] if grad_tensors and position < len(grad_tensors) else None
-                    slot.arrive(index, root if isinstance(root, torch.Tensor) else None)
+                    self._arrive(slot, index, root if isinstance(root, torch.Tensor) else None)
                 elif isinstance(node, BackwardCFunction):
                     self.functions.setdefault(id(node), []).append((slot, index))
-                else:
+                elif not native:
                     posts.setdefault(id(node), (node, []))[1].append((slot, index, position))
         for node, entries in posts.values():
             self.handles.append(node.register_hook(self._post_hook(entries)))
@@ -235,10 +269,10 @@ class Backward:
                     used.add(k)
                     gradient = returned[j]
                     if gradient is None and written.get(j):
-                        slot.arrive(index, None, kind="fused")
+                        self._arrive(slot, index, None, kind="fused")
                     else:
-                        slot.arrive(index, gradient,
-                                    stock_view=bool(stock_view and gradient is not None and stock_view(ctx, j)))
+                        self._arrive(slot, index, gradient,
+                                     stock_view=bool(stock_view and gradient is not None and stock_view(ctx, j)))
                     break
 
     def nothing_arrived(self, ctx, edge):
@@ -258,10 +292,28 @@ class Backward:
             return not slot._given
 
     def finish(self):
-        """Remove the hooks (the backward is over, or failed)."""
+        """Remove the hooks (the backward is over, or failed); with the
+        extension's watch, read what reached each slot from it."""
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        native = self.native
+        if native is None:
+            return
+        native.finish()
+        for slot, (arrivals, given, first, final, first_bytes) in zip(self.slots, native.results()):
+            slot.arrivals = [Arrival(producer, _KINDS[kind], nbytes, stock_view)
+                             for producer, kind, nbytes, stock_view in arrivals]
+            slot._given = given
+            slot.first_address = first
+            slot.final_address = final
+            if slot.grad_bytes is None and given:
+                slot.grad_bytes = first_bytes
+        if native.compiled:
+            self.problems.append("it ran under compiled autograd, which calls no C++ hook: "
+                                 "what reached its slots was not seen")
+        if native.error is not None:
+            self.problems.append(f"a gradient could not be read: {native.error}")
 
     def release(self):
         """Drop every node and tensor this record held."""
@@ -272,6 +324,26 @@ class Backward:
         self.functions = {}
         self.slot_of = {}
         self.node_ids = set()
+        self.native = None
+
+
+def _python_slots(roots, input_edges):
+    """Python's walk: [(consumer, nr, [(producer or None, output index)])]
+    for every slot two or more producers feed (of the nodes the engine will
+    run), in the order its first edge was found; and the nodes by id."""
+    into, nodes = _walk(roots)
+    running = _leading_to(into, nodes, input_edges) if input_edges else None
+    found = []
+    for (consumer_id, nr), edges in into.items():
+        if type(edges) is tuple:  # one producer: not a slot
+            continue
+        if running is not None:
+            if consumer_id not in running:
+                continue
+            edges = [e for e in edges if e[0] is None or id(e[0]) in running]
+        if len(edges) >= 2:
+            found.append((nodes[consumer_id], nr, edges))
+    return found, nodes
 
 
 def _walk(roots):

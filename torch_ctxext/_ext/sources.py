@@ -67,7 +67,7 @@ ONLY_BEFORE = {
 # file in csrc/) joins the last.
 UNITS = (
     ("unit_engine", ("engine_layout.cpp", "input_grad_buffers.cpp", "direct_accumulation.cpp", "patching.cpp", "boxed_grads.cpp")),
-    ("unit_module", ("module.cpp", "output_grad_dtype.cpp")),
+    ("unit_module", ("module.cpp", "output_grad_dtype.cpp", "advise_watch.cpp")),
 )
 
 

@@ -1,0 +1,520 @@
+#include "advise_watch.h"
+
+#include "engine_layout.h"
+
+#include <pybind11/stl.h>
+
+#include <torch/csrc/autograd/edge.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace torch_ctxext {
+namespace {
+
+using torch::autograd::variable_list;
+// std::shared_ptr<Node> up to 2.12, c10::intrusive_ptr<Node> from 2.13.
+using NodeRef = decltype(torch::autograd::Edge::function);
+
+// What a producer left in a slot (graph.py's Arrival.kind).
+enum Kind : uint8_t { kNothing = 0, kGradient = 1, kFused = 2 };
+
+struct Arrival {
+  int32_t producer;
+  uint8_t kind;
+  bool stock_view;
+  int64_t bytes;
+};
+
+struct SlotRecord {
+  std::vector<Arrival> arrivals;
+  bool given = false;  // a gradient has arrived
+  bool has_first = false;
+  uintptr_t first_address = 0;
+  int64_t first_bytes = 0;  // numel x element size of the first gradient
+  bool has_final = false;
+  uintptr_t final_address = 0;
+};
+
+// The address of a gradient's data (Tensor.data_ptr()), if it has one.
+bool address_of(const at::Tensor& t, uintptr_t& address) {
+  try {
+    if (!t.has_storage()) {
+      return false;
+    }
+    address = reinterpret_cast<uintptr_t>(t.data_ptr());
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// graph.py's storage_bytes: the extent a gradient's strides span (less than
+// its elements for an expanded one), from sizes and strides only.
+int64_t storage_bytes(const at::Tensor& t) {
+  const int64_t numel = t.numel();
+  const int64_t element = static_cast<int64_t>(t.element_size());
+  if (numel == 0) {
+    return 0;
+  }
+  try {
+    if (t.is_contiguous()) {
+      return numel * element;
+    }
+  } catch (...) {
+  }
+  int64_t span = numel;
+  try {
+    if (t.layout() == c10::kStrided) {
+      const auto sizes = t.sizes();
+      const auto strides = t.strides();
+      span = 1;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        span += (sizes[i] - 1) * std::llabs(strides[i]);
+      }
+    }
+  } catch (...) {  // a layout without strides
+    span = numel;
+  }
+  return std::min(span, numel) * element;
+}
+
+// The slots of one watched backward and what reached them. The hooks fill it
+// on the engine's threads, without the GIL; Python reads it when the
+// backward is over.
+struct Record {
+  std::mutex mutex;
+  std::atomic<bool> armed{true};
+  // Compiled autograd asked a hook for its compiled_args: it will not call
+  // the hook, so this backward's arrivals were not seen.
+  std::atomic<bool> compiled{false};
+  std::vector<SlotRecord> slots;
+  std::string error;  // the first failure to read a gradient, if any
+
+  void arrive(size_t slot, int32_t producer, const at::Tensor* gradient,
+              uint8_t kind_without_gradient, bool stock_view) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& s = slots[slot];
+    if (gradient == nullptr || !gradient->defined()) {
+      s.arrivals.push_back({producer, kind_without_gradient, false, 0});
+      return;
+    }
+    try {
+      if (!s.given) {
+        s.given = true;
+        s.has_first = address_of(*gradient, s.first_address);
+        s.first_bytes = gradient->numel() * static_cast<int64_t>(gradient->element_size());
+      }
+      s.arrivals.push_back({producer, kGradient, stock_view, storage_bytes(*gradient)});
+    } catch (const std::exception& e) {  // never into the training step
+      if (error.empty()) {
+        error = e.what();
+      }
+    }
+  }
+
+  void finished(size_t slot, const at::Tensor& buffer) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& s = slots[slot];
+    s.has_final = buffer.defined() && address_of(buffer, s.final_address);
+  }
+};
+
+struct ProducerEntry {
+  size_t slot;
+  int32_t producer;
+  size_t position;  // the index of the node's output (next edge) feeding the slot
+};
+
+// On a built-in producer: sees the gradients it returns.
+struct ProducerHook : torch::autograd::FunctionPostHook {
+  ProducerHook(std::shared_ptr<Record> record, std::vector<ProducerEntry> entries)
+      : record(std::move(record)), entries(std::move(entries)) {}
+
+  variable_list operator()(const variable_list& outputs,
+                           const variable_list& /*inputs*/) override {
+    if (record->armed.load(std::memory_order_acquire)) {
+      for (const auto& e : entries) {
+        record->arrive(e.slot, e.producer,
+                       e.position < outputs.size() ? &outputs[e.position] : nullptr,
+                       kNothing, false);
+      }
+    }
+    return outputs;
+  }
+
+  // Compiled autograd does not call a C++ hook: say so instead of raising
+  // (its default) into the step. Python chooses Python hooks where compiled
+  // autograd is on (graph.py); this covers what that check cannot see. Both
+  // signatures: the method is const from torch 2.7.
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const {
+    record->compiled.store(true);
+  }
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) {
+    record->compiled.store(true);
+  }
+
+  std::shared_ptr<Record> record;
+  std::vector<ProducerEntry> entries;
+};
+
+// On a consumer: sees each watched slot's finished buffer.
+struct ConsumerHook : torch::autograd::FunctionPreHook {
+  ConsumerHook(std::shared_ptr<Record> record, std::vector<std::pair<size_t, uint32_t>> slots)
+      : record(std::move(record)), slots(std::move(slots)) {}
+
+  variable_list operator()(const variable_list& grads) override {
+    if (record->armed.load(std::memory_order_acquire)) {
+      for (const auto& [slot, nr] : slots) {
+        if (nr < grads.size()) {
+          record->finished(slot, grads[nr]);
+        }
+      }
+    }
+    return grads;
+  }
+
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const {
+    record->compiled.store(true);
+  }
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) {
+    record->compiled.store(true);
+  }
+
+  std::shared_ptr<Record> record;
+  std::vector<std::pair<size_t, uint32_t>> slots;
+};
+
+// A finished watch's hooks stay on their nodes (disarmed: one atomic load if
+// a retained graph runs again): taking them off when the backward ends could
+// race with another thread's backward over the same retained graph, which
+// iterates the node's hooks without a lock. They are taken off here instead,
+// when a later watch places its own on the same node, where torch's own
+// registration mutates the same vector.
+template <typename Hook, typename Hooks>
+void drop_disarmed(Hooks& hooks) {
+  hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                             [](const auto& hook) {
+                               const auto* ours = dynamic_cast<const Hook*>(hook.get());
+                               return ours != nullptr && !ours->record->armed.load();
+                             }),
+              hooks.end());
+}
+
+struct SlotKey {
+  Node* node;
+  uint32_t nr;
+  bool operator==(const SlotKey& o) const { return node == o.node && nr == o.nr; }
+};
+struct SlotKeyHash {
+  size_t operator()(const SlotKey& k) const {
+    return std::hash<const void*>()(k.node) ^ (static_cast<size_t>(k.nr) * 0x9e3779b97f4a7c15ULL);
+  }
+};
+
+struct Producer {
+  Node* node;  // nullptr: the backward's root gradient number `position`
+  size_t position;
+};
+
+// The node a Python node object stands for (a built-in node, or the ctx of a
+// custom Function), or nullptr.
+Node* node_from_python(PyObject* obj) {
+  if (torch::autograd::THPCppFunction_Check(obj)) {
+    return reinterpret_cast<torch::autograd::THPCppFunction*>(obj)->cdata.get();
+  }
+  if (is_ctx(obj)) {
+    return node_of(reinterpret_cast<THPFunction*>(obj));
+  }
+  return nullptr;
+}
+
+// [(node object, nr) or None] -> [(Node*, nr, the object)] (nullptr where None).
+std::vector<std::tuple<Node*, uint32_t, py::handle>> edges_from_python(const py::sequence& edges) {
+  std::vector<std::tuple<Node*, uint32_t, py::handle>> out;
+  out.reserve(edges.size());
+  for (const auto& item : edges) {
+    if (item.is_none()) {
+      out.emplace_back(nullptr, 0, py::handle());
+      continue;
+    }
+    auto pair = item.cast<py::tuple>();
+    py::handle obj = pair[0];
+    Node* node = node_from_python(obj.ptr());
+    if (node == nullptr) {
+      throw py::type_error("advise_watch: an edge's node is not an autograd node");
+    }
+    out.emplace_back(node, pair[1].cast<uint32_t>(), obj);
+  }
+  return out;
+}
+
+class Watch {
+ public:
+  Watch(const py::sequence& roots, const py::sequence& inputs) : record_(std::make_shared<Record>()) {
+    walk(edges_from_python(roots));
+    const auto input_edges = edges_from_python(inputs);
+    std::unordered_set<Node*> running;
+    const bool restricted = !input_edges.empty();
+    if (restricted) {
+      running = leading_to(input_edges);
+    }
+    // Slots, in the order their first edge was found (graph.py's walk).
+    for (auto& [key, producers] : into_) {
+      if (producers.size() < 2) {
+        continue;
+      }
+      if (restricted) {
+        if (!running.count(key.node)) {
+          continue;
+        }
+        producers.erase(std::remove_if(producers.begin(), producers.end(),
+                                       [&](const Producer& p) {
+                                         return p.node != nullptr && !running.count(p.node);
+                                       }),
+                        producers.end());
+        if (producers.size() < 2) {
+          continue;
+        }
+      }
+      slots_.emplace_back(key, std::move(producers));
+    }
+    into_.clear();
+    record_->slots.resize(slots_.size());
+    hook();
+  }
+
+  py::list slots() const { return python_slots_; }
+
+  void arrive(size_t slot, int32_t producer, py::handle gradient, bool fused, bool stock_view) {
+    if (slot >= record_->slots.size()) {
+      throw py::index_error("advise_watch: no such slot");
+    }
+    const uint8_t without = fused ? kFused : kNothing;
+    if (gradient.is_none()) {
+      record_->arrive(slot, producer, nullptr, without, false);
+    } else if (THPVariable_Check(gradient.ptr())) {
+      record_->arrive(slot, producer, &THPVariable_Unpack(gradient.ptr()), without, stock_view);
+    } else {
+      throw py::type_error("advise_watch: a gradient must be a Tensor or None");
+    }
+  }
+
+  void finish() { record_->armed.store(false, std::memory_order_release); }
+
+  // Per slot: ([(producer, kind, bytes, stock_view)], given, first address
+  // or None, final address or None, the first gradient's bytes).
+  py::list results() const {
+    std::lock_guard<std::mutex> lock(record_->mutex);
+    py::list out;
+    for (const auto& s : record_->slots) {
+      py::list arrivals;
+      for (const auto& a : s.arrivals) {
+        arrivals.append(py::make_tuple(a.producer, a.kind, a.bytes, a.stock_view));
+      }
+      out.append(py::make_tuple(arrivals, s.given,
+                                s.has_first ? py::object(py::int_(s.first_address)) : py::object(py::none()),
+                                s.has_final ? py::object(py::int_(s.final_address)) : py::object(py::none()),
+                                s.first_bytes));
+    }
+    return out;
+  }
+
+  bool compiled() const { return record_->compiled.load(); }
+
+  py::object error() const {
+    std::lock_guard<std::mutex> lock(record_->mutex);
+    return record_->error.empty() ? py::object(py::none()) : py::object(py::str(record_->error));
+  }
+
+ private:
+  void add_edge(Node* consumer, uint32_t nr, Producer producer) {
+    auto [it, inserted] = index_.emplace(SlotKey{consumer, nr}, into_.size());
+    if (inserted) {
+      into_.emplace_back(SlotKey{consumer, nr}, std::vector<Producer>{producer});
+    } else {
+      into_[it->second].second.push_back(producer);
+    }
+  }
+
+  // graph.py's _walk, in the same order (depth first from the last root,
+  // edges in order): the slots and their producers come out as Python's did.
+  void walk(const std::vector<std::tuple<Node*, uint32_t, py::handle>>& roots) {
+    std::vector<Node*> stack;
+    for (size_t k = 0; k < roots.size(); ++k) {
+      const auto& [node, nr, obj] = roots[k];
+      if (node == nullptr) {
+        continue;
+      }
+      add_edge(node, nr, Producer{nullptr, k});
+      if (refs_.emplace(node, nullptr).second) {
+        root_objects_.emplace(node, obj);
+        stack.push_back(node);
+      }
+    }
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      const auto& edges = node->next_edges();
+      for (size_t i = 0; i < edges.size(); ++i) {
+        const auto& edge = edges[i];
+        Node* child = edge.function.get();
+        if (child == nullptr) {
+          continue;
+        }
+        add_edge(child, edge.input_nr, Producer{node, i});
+        if (refs_.emplace(child, &edge.function).second) {
+          stack.push_back(child);
+        }
+      }
+    }
+  }
+
+  // graph.py's _leading_to: with inputs= the engine runs only the nodes on a
+  // path to an input.
+  std::unordered_set<Node*> leading_to(const std::vector<std::tuple<Node*, uint32_t, py::handle>>& inputs) {
+    std::unordered_map<Node*, std::vector<Node*>> parents;
+    for (const auto& [key, producers] : into_) {
+      for (const auto& p : producers) {
+        if (p.node != nullptr) {
+          parents[key.node].push_back(p.node);
+        }
+      }
+    }
+    std::unordered_set<Node*> running;
+    std::vector<Node*> queue;
+    for (const auto& [node, nr, obj] : inputs) {
+      if (node != nullptr && running.insert(node).second) {
+        queue.push_back(node);
+      }
+    }
+    while (!queue.empty()) {
+      Node* node = queue.back();
+      queue.pop_back();
+      auto found = parents.find(node);
+      if (found == parents.end()) {
+        continue;
+      }
+      for (Node* producer : found->second) {
+        if (running.insert(producer).second) {
+          queue.push_back(producer);
+        }
+      }
+    }
+    return running;
+  }
+
+  // The Python object of a node the walk reached (the one given for a root).
+  py::object python_object(Node* node) {
+    auto root = root_objects_.find(node);
+    if (root != root_objects_.end()) {
+      return py::reinterpret_borrow<py::object>(root->second);
+    }
+    PyObject* obj = torch::autograd::functionToPyObject(*refs_.at(node));
+    if (obj == nullptr) {
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::object>(obj);
+  }
+
+  // The Python view of the slots, and a C++ hook on every built-in producer
+  // and every consumer (custom Functions are seen by the apply wrapper:
+  // engine.py, which calls arrive()).
+  void hook() {
+    std::unordered_map<Node*, std::vector<ProducerEntry>> posts;
+    std::vector<Node*> post_order;
+    std::unordered_map<Node*, std::vector<std::pair<size_t, uint32_t>>> pres;
+    std::vector<Node*> pre_order;
+    std::unordered_map<Node*, py::object> objects;
+    auto object_of = [&](Node* node) -> py::object& {
+      auto found = objects.find(node);
+      if (found == objects.end()) {
+        found = objects.emplace(node, python_object(node)).first;
+      }
+      return found->second;
+    };
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      const auto& [key, producers] = slots_[s];
+      py::list python_producers;
+      for (size_t p = 0; p < producers.size(); ++p) {
+        const auto& producer = producers[p];
+        if (producer.node == nullptr) {
+          python_producers.append(py::make_tuple(py::none(), producer.position));
+          continue;
+        }
+        py::object& obj = object_of(producer.node);
+        python_producers.append(py::make_tuple(obj, producer.position));
+        if (!is_ctx(obj.ptr())) {
+          auto& entries = posts[producer.node];
+          if (entries.empty()) {
+            post_order.push_back(producer.node);
+          }
+          entries.push_back({s, static_cast<int32_t>(p), producer.position});
+        }
+      }
+      auto& consumer_slots = pres[key.node];
+      if (consumer_slots.empty()) {
+        pre_order.push_back(key.node);
+      }
+      consumer_slots.emplace_back(s, key.nr);
+      python_slots_.append(py::make_tuple(object_of(key.node), key.nr, python_producers));
+    }
+    for (Node* node : post_order) {
+      drop_disarmed<ProducerHook>(node->post_hooks());
+      node->add_post_hook(std::make_unique<ProducerHook>(record_, std::move(posts[node])));
+    }
+    for (Node* node : pre_order) {
+      drop_disarmed<ConsumerHook>(node->pre_hooks());
+      node->add_pre_hook(std::make_unique<ConsumerHook>(record_, std::move(pres[node])));
+    }
+    refs_.clear();
+    root_objects_.clear();
+  }
+
+  std::shared_ptr<Record> record_;
+  std::unordered_map<SlotKey, size_t, SlotKeyHash> index_;
+  std::vector<std::pair<SlotKey, std::vector<Producer>>> into_;
+  std::vector<std::pair<SlotKey, std::vector<Producer>>> slots_;
+  std::unordered_map<Node*, const NodeRef*> refs_;  // nullptr for a root's node
+  std::unordered_map<Node*, py::handle> root_objects_;
+  py::list python_slots_;
+};
+
+}  // namespace
+
+void bind_advise_watch(py::module_& m) {
+  py::class_<Watch>(m, "AdviseWatch",
+                    "One backward watched for advise() (torch_ctxext/_advise/graph.py)")
+      .def_property_readonly("slots", &Watch::slots)
+      .def("arrive", &Watch::arrive, py::arg("slot"), py::arg("producer"), py::arg("gradient"),
+           py::arg("fused") = false, py::arg("stock_view") = false)
+      .def("finish", &Watch::finish)
+      .def("results", &Watch::results)
+      .def_property_readonly("compiled", &Watch::compiled)
+      .def_property_readonly("error", &Watch::error);
+  m.def(
+      "advise_watch",
+      [](const py::sequence& roots, const py::sequence& inputs) {
+        return std::make_unique<Watch>(roots, inputs);
+      },
+      py::arg("roots"), py::arg("inputs"),
+      "Walk a backward's graph from its roots ([(node, nr) or None]; inputs: "
+      "the inputs= edges, or empty) and watch the slots two or more producers "
+      "feed: an AdviseWatch.");
+}
+
+}  // namespace torch_ctxext

@@ -1,0 +1,228 @@
+"""advise()'s watch through torch_ctxext's extension (csrc/advise_watch.cpp):
+its walk finds the slots and producers Python's walk finds, in the same
+order; its C++ hooks see what Python's hooks see, so the report is the same
+either way; where it cannot watch (compiled autograd) Python's hooks do, and
+a hook the engine never called is said, never raised into the step; a
+finished watch sees nothing more.
+
+The extension exists on torch 2.6 to 2.14: on native 2.15 (no extension)
+these tests skip, and test_advise*.py check the Python watch there.
+"""
+import os
+import sys
+
+import pytest
+import torch
+
+import torch_ctxext
+from torch_ctxext._advise import graph
+from doubling_functions import doubling, fuse_into_buffer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from where_fusing_pays import MODELS  # noqa: E402
+
+_C = graph._extension()
+pytestmark = pytest.mark.skipif(
+    getattr(_C, "advise_watch", None) is None,
+    reason="the extension's watch: torch 2.6 to 2.14 with torch_ctxext's extension (native 2.15 loads none)")
+
+Fused = doubling(fuse_into_buffer)
+
+
+def leaf(*shape):
+    return torch.randn(*shape, requires_grad=True)
+
+
+def graph_of_model(name, fused=False):
+    workload = MODELS[name]()
+    if fused:
+        torch_ctxext.nn.fuse(workload.model)
+    return [workload.loss()], []
+
+
+def two_roots():
+    """Two outputs whose graphs share a leaf and an activation."""
+    w = leaf(3)
+    h = w.sin()
+    return [(h * 2).sum(), (h * w).sum()], []
+
+
+def with_inputs():
+    """backward(inputs=[w]): v's producers do not run."""
+    w, v = leaf(3), leaf(3)
+    return [(w * v).sum() + (w * 2).sum() + (v * 3).sum()], [w]
+
+
+def custom_function_producers():
+    """A custom Function and a built-in op feed one slot."""
+    x = leaf(4)
+    return [Fused.apply(x).sum() + x.sin().sum() + Fused.apply(x).sum()], []
+
+
+def a_root_that_is_a_slot():
+    """A root gradient and a later node both feed the root's node."""
+    w = leaf(3)
+    y = w * 2
+    return [y, y.sum()], []
+
+
+GRAPHS = {
+    **{f"{name}{'-fused' if fused else ''}": (lambda name=name, fused=fused: graph_of_model(name, fused))
+       for name in MODELS for fused in (False, True)},
+    "two roots": two_roots,
+    "inputs=": with_inputs,
+    "custom Function producers": custom_function_producers,
+    "a root that is a slot": a_root_that_is_a_slot,
+}
+
+
+def edges(tensors):
+    return [graph._edge(t) for t in tensors]
+
+
+@pytest.mark.parametrize("make", GRAPHS.values(), ids=GRAPHS.keys())
+def test_the_extensions_walk_finds_the_slots_and_producers_pythons_walk_finds_in_the_same_order(make):
+    roots, inputs = make()
+    found, _ = graph._python_slots(edges(roots), edges(inputs))
+    watch = _C.advise_watch(edges(roots), edges(inputs))
+    try:
+        native = watch.slots
+        assert len(native) == len(found) > 0
+        for (consumer, nr, producers), (n_consumer, n_nr, n_producers) in zip(found, native):
+            assert n_consumer is consumer and n_nr == nr
+            assert [(p is None and q is None) or p is q for (p, _), (q, _) in zip(producers, n_producers)] \
+                == [True] * len(producers)
+            assert [pos for _, pos in n_producers] == [pos for _, pos in producers]
+    finally:
+        watch.finish()
+
+
+def report(step, model=None, python_watch=False, monkeypatch=None):
+    if python_watch:
+        monkeypatch.setattr(graph, "_native_watch", lambda roots, inputs: None)
+    seen = []
+    original = graph.Backward.finish
+
+    def finish(self):
+        seen.append(self.native is not None)
+        return original(self)
+
+    monkeypatch.setattr(graph.Backward, "finish", finish)
+    with torch_ctxext.advise(model) as r:
+        step()
+    monkeypatch.undo()
+    assert seen and all(s is not python_watch for s in seen)  # watched the way asked
+    return r.as_dict()
+
+
+def model_step(name, fused=False):
+    workload = MODELS[name]()
+    if fused:
+        torch_ctxext.nn.fuse(workload.model)
+    return workload.model, lambda: workload.loss().backward()
+
+
+def plain_step(make):
+    def step():
+        roots, inputs = make()
+        grads = [torch.ones_like(r) for r in roots]
+        torch.autograd.backward(roots, grads, inputs=inputs or None)
+
+    return None, step
+
+
+STEPS = {
+    **{f"{name}{'-fused' if fused else ''}": (lambda name=name, fused=fused: model_step(name, fused))
+       for name in MODELS for fused in (False, True)},
+    **{name: (lambda make=make: plain_step(make))
+       for name, make in GRAPHS.items() if name in ("two roots", "inputs=", "custom Function producers",
+                                                     "a root that is a slot")},
+}
+
+
+@pytest.mark.parametrize("make", STEPS.values(), ids=STEPS.keys())
+def test_the_report_is_the_same_whether_the_extensions_hooks_or_pythons_watch_the_step(make, monkeypatch):
+    torch.manual_seed(0)
+    model, step = make()
+    through_python = report(step, model, python_watch=True, monkeypatch=monkeypatch)
+    through_extension = report(step, model, monkeypatch=monkeypatch)
+    assert through_extension == through_python
+    assert through_extension["slots"]
+
+
+def compiled_autograd():
+    from torch._dynamo import compiled_autograd
+
+    return compiled_autograd._enable(torch.compile(backend="eager"))
+
+
+def linear_step():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        sum(model(x * k).sum() for k in range(3)).backward()
+
+    return model, step
+
+
+def test_under_compiled_autograd_pythons_hooks_watch_and_the_report_is_eagers(monkeypatch):
+    model, step = linear_step()
+    eager = report(step, model, monkeypatch=monkeypatch)
+    eager_grad = model.weight.grad.clone()
+    with compiled_autograd():
+        compiled = report(step, model, python_watch=True, monkeypatch=monkeypatch)
+        # and without being told: advise sees that compiled autograd is on
+        with torch_ctxext.advise(model) as r:
+            step()
+    assert compiled == eager == r.as_dict()
+    assert torch.equal(model.weight.grad, eager_grad)
+
+
+def test_a_hook_compiled_autograd_never_calls_is_said_and_never_raised_into_the_step(monkeypatch):
+    model, step = linear_step()
+    step()
+    eager_grad = model.weight.grad.clone()
+    monkeypatch.setattr(graph, "_compiled_autograd_on", lambda: False)  # as if the check missed it
+    with compiled_autograd():
+        with torch_ctxext.advise(model) as r:
+            step()
+    assert torch.equal(model.weight.grad, eager_grad)
+    assert any("compiled autograd, which calls no C++ hook" in n for n in r.notes), r.notes
+
+
+def test_a_finished_watch_sees_nothing_more_and_a_new_watch_on_a_retained_graph_sees_each_gradient_once():
+    w = leaf(3)
+    loss = (w * 2).sum() + w.sin().sum()
+    first = _C.advise_watch(edges([loss]), [])
+    loss.backward(retain_graph=True)
+    first.finish()
+    seen = first.results()
+    assert [len(arrivals) for arrivals, *_ in seen] == [2]
+    loss.backward(retain_graph=True)  # its hooks are still on the nodes, disarmed
+    assert first.results() == seen
+    second = _C.advise_watch(edges([loss]), [])
+    loss.backward()
+    second.finish()
+    assert [[kind for _, kind, _, _ in arrivals] for arrivals, *_ in second.results()] == [[1, 1]]
+    assert first.results() == seen
+
+
+def test_bad_input_gets_a_clear_error():
+    w = leaf(3)
+    loss = (w * 2).sum() + w.sin().sum()
+    with pytest.raises(TypeError, match="not an autograd node"):
+        _C.advise_watch([(object(), 0)], [])
+    watch = _C.advise_watch(edges([loss]), [])
+    try:
+        with pytest.raises(IndexError, match="no such slot"):
+            watch.arrive(5, 0, None)
+        with pytest.raises(TypeError, match="must be a Tensor or None"):
+            watch.arrive(0, 0, "a gradient")
+    finally:
+        watch.finish()
+    loss.backward()
+    assert torch.equal(w.grad, 2 + w.detach().cos())
