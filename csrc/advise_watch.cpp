@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <typeinfo>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -231,6 +233,15 @@ struct Producer {
   size_t position;
 };
 
+// Whether a node is a custom Function's (torch's PyNode), without making a
+// Python object for it: by its dynamic type's name, as PyNode's type_info is
+// not exported from libtorch_python (from 2.9) for a typeid comparison.
+bool is_python_function(const Node* node) {
+  static constexpr const char* kPyNode = "N5torch8autograd6PyNodeE";
+  const char* name = typeid(*node).name();
+  return std::strcmp(name + (name[0] == '*'), kPyNode) == 0;
+}
+
 // The node a Python node object stands for (a built-in node, or the ctx of a
 // custom Function), or nullptr.
 Node* node_from_python(PyObject* obj) {
@@ -431,7 +442,10 @@ class Watch {
     return py::reinterpret_steal<py::object>(obj);
   }
 
-  // The Python view of the slots, and a C++ hook on every built-in producer
+  // The Python view of the slots ([(consumer, nr, [(op, sequence number,
+  // ctx, output index)])]: graph.Slot's producers, the ctx only for a custom
+  // Function's, ("root gradient", None, None, k) for a root), and a C++ hook
+  // on every built-in producer
   // and every consumer (custom Functions are seen by the apply wrapper:
   // engine.py, which calls arrive()).
   void hook() {
@@ -453,12 +467,14 @@ class Watch {
       for (size_t p = 0; p < producers.size(); ++p) {
         const auto& producer = producers[p];
         if (producer.node == nullptr) {
-          python_producers.append(py::make_tuple(py::none(), producer.position));
+          python_producers.append(py::make_tuple("root gradient", py::none(), py::none(), producer.position));
           continue;
         }
-        py::object& obj = object_of(producer.node);
-        python_producers.append(py::make_tuple(obj, producer.position));
-        if (!is_ctx(obj.ptr())) {
+        const auto seq = producer.node->sequence_nr();
+        if (is_python_function(producer.node)) {  // seen by engine.py's apply wrapper
+          python_producers.append(py::make_tuple(py::none(), seq, object_of(producer.node), producer.position));
+        } else {  // no Python object needed: its op and number
+          python_producers.append(py::make_tuple(producer.node->name(), seq, py::none(), producer.position));
           auto& entries = posts[producer.node];
           if (entries.empty()) {
             post_order.push_back(producer.node);

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from torch.autograd.function import BackwardCFunction
 
 import torch_ctxext
 from torch_ctxext._advise import graph
@@ -85,15 +86,18 @@ def edges(tensors):
 def test_the_extensions_walk_finds_the_slots_and_producers_pythons_walk_finds_in_the_same_order(make):
     roots, inputs = make()
     found, _ = graph._python_slots(edges(roots), edges(inputs))
+    expected = [graph.Slot(i, *slot) for i, slot in enumerate(found)]
     watch = _C.advise_watch(edges(roots), edges(inputs))
     try:
-        native = watch.slots
-        assert len(native) == len(found) > 0
-        for (consumer, nr, producers), (n_consumer, n_nr, n_producers) in zip(found, native):
-            assert n_consumer is consumer and n_nr == nr
-            assert [(p is None and q is None) or p is q for (p, _), (q, _) in zip(producers, n_producers)] \
-                == [True] * len(producers)
-            assert [pos for _, pos in n_producers] == [pos for _, pos in producers]
+        native = [graph.Slot(i, *slot, described=True) for i, slot in enumerate(watch.slots)]
+        assert len(native) == len(expected) > 0
+        for slot, n in zip(expected, native):
+            assert n.consumer is slot.consumer and n.nr == slot.nr
+            # op, number and output index of each producer; a custom Function's ctx itself
+            assert [(op, seq, pos) for op, seq, _, pos in n.producers] \
+                == [(op, seq, pos) for op, seq, _, pos in slot.producers]
+            assert [node for _, _, node, _ in n.producers] \
+                == [node if isinstance(node, BackwardCFunction) else None for _, _, node, _ in slot.producers]
     finally:
         watch.finish()
 

@@ -118,7 +118,7 @@ class Slot:
     """A slot with two or more producers in one backward (nodes held only
     while it runs); ``index``: its place in the backward's list."""
 
-    def __init__(self, index, consumer, nr, producers):
+    def __init__(self, index, consumer, nr, producers, described=False):
         self.index = index
         self.consumer = consumer
         self.nr = nr
@@ -128,8 +128,12 @@ class Slot:
         self.grad_bytes = _metadata_bytes(consumer, nr)
         # (op, sequence number or None, node or None for the backward's root,
         # the node's output that feeds the slot or the root's index)
-        self.producers = []
-        for node, position in producers:
+        if described:  # the extension's: (op, seq, ctx or None, position), op None for a ctx
+            self.producers = [(op if node is None else function_name(node), seq, node, position)
+                              for op, seq, node, position in producers]
+        else:
+            self.producers = []
+        for node, position in () if described else producers:
             if node is None:
                 self.producers.append(("root gradient", None, None, position))
             elif isinstance(node, BackwardCFunction):
@@ -203,7 +207,8 @@ class Backward:
             # only a torch without the extension asks (the extension tells
             # it itself).
             self.node_ids = set(nodes) if _extension() is None else set()
-        self.slots = [Slot(i, consumer, nr, edges) for i, (consumer, nr, edges) in enumerate(found)]
+        native = self.native is not None
+        self.slots = [Slot(i, consumer, nr, edges, native) for i, (consumer, nr, edges) in enumerate(found)]
         self.functions = {}  # id(ctx) -> [(slot, producer index)]
         self.slot_of = {(id(slot.consumer), slot.nr): slot for slot in self.slots}
         self._watch(grad_tensors)
@@ -220,10 +225,11 @@ class Backward:
         for slot in self.slots:
             if not native:
                 pres.setdefault(id(slot.consumer), (slot.consumer, []))[1].append(slot)
-            for index, (_, _, node, position) in enumerate(slot.producers):
-                if node is None:  # the root gradient is in the slot before any node runs
-                    root = grad_tensors[position] if grad_tensors and position < len(grad_tensors) else None
-                    self._arrive(slot, index, root if isinstance(root, torch.Tensor) else None)
+            for index, (_, seq, node, position) in enumerate(slot.producers):
+                if node is None:  # a root (no number), or a built-in node the extension watches
+                    if seq is None:  # the root gradient is in the slot before any node runs
+                        root = grad_tensors[position] if grad_tensors and position < len(grad_tensors) else None
+                        self._arrive(slot, index, root if isinstance(root, torch.Tensor) else None)
                 elif isinstance(node, BackwardCFunction):
                     self.functions.setdefault(id(node), []).append((slot, index))
                 elif not native:
