@@ -142,14 +142,36 @@ struct ProducerEntry {
   size_t position;  // the index of the node's output (next edge) feeding the slot
 };
 
+// What both hooks share: the record they fill, and what they tell compiled
+// autograd. Compiled autograd does not call a C++ hook: instead of raising
+// (its default) into the step, the record notes that it was asked, and the
+// report says so. Python chooses Python hooks where compiled autograd is on
+// (graph.py); this covers what that check cannot see. Both signatures: the
+// method is const from torch 2.7.
+template <typename Hook>
+struct RecordingHook : Hook {
+  explicit RecordingHook(std::shared_ptr<Record> record) : record(std::move(record)) {}
+
+  bool armed() const { return record->armed.load(std::memory_order_acquire); }
+
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const {
+    record->compiled.store(true);
+  }
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) {
+    record->compiled.store(true);
+  }
+
+  std::shared_ptr<Record> record;
+};
+
 // On a built-in producer: sees the gradients it returns.
-struct ProducerHook : torch::autograd::FunctionPostHook {
+struct ProducerHook : RecordingHook<torch::autograd::FunctionPostHook> {
   ProducerHook(std::shared_ptr<Record> record, std::vector<ProducerEntry> entries)
-      : record(std::move(record)), entries(std::move(entries)) {}
+      : RecordingHook(std::move(record)), entries(std::move(entries)) {}
 
   variable_list operator()(const variable_list& outputs,
                            const variable_list& /*inputs*/) override {
-    if (record->armed.load(std::memory_order_acquire)) {
+    if (armed()) {
       for (const auto& e : entries) {
         record->arrive(e.slot, e.producer,
                        e.position < outputs.size() ? &outputs[e.position] : nullptr,
@@ -159,28 +181,16 @@ struct ProducerHook : torch::autograd::FunctionPostHook {
     return outputs;
   }
 
-  // Compiled autograd does not call a C++ hook: say so instead of raising
-  // (its default) into the step. Python chooses Python hooks where compiled
-  // autograd is on (graph.py); this covers what that check cannot see. Both
-  // signatures: the method is const from torch 2.7.
-  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const {
-    record->compiled.store(true);
-  }
-  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) {
-    record->compiled.store(true);
-  }
-
-  std::shared_ptr<Record> record;
   std::vector<ProducerEntry> entries;
 };
 
 // On a consumer: sees each watched slot's finished buffer.
-struct ConsumerHook : torch::autograd::FunctionPreHook {
+struct ConsumerHook : RecordingHook<torch::autograd::FunctionPreHook> {
   ConsumerHook(std::shared_ptr<Record> record, std::vector<std::pair<size_t, uint32_t>> slots)
-      : record(std::move(record)), slots(std::move(slots)) {}
+      : RecordingHook(std::move(record)), slots(std::move(slots)) {}
 
   variable_list operator()(const variable_list& grads) override {
-    if (record->armed.load(std::memory_order_acquire)) {
+    if (armed()) {
       for (const auto& [slot, nr] : slots) {
         if (nr < grads.size()) {
           record->finished(slot, grads[nr]);
@@ -190,14 +200,6 @@ struct ConsumerHook : torch::autograd::FunctionPreHook {
     return grads;
   }
 
-  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const {
-    record->compiled.store(true);
-  }
-  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) {
-    record->compiled.store(true);
-  }
-
-  std::shared_ptr<Record> record;
   std::vector<std::pair<size_t, uint32_t>> slots;
 };
 
@@ -212,7 +214,7 @@ void drop_disarmed(Hooks& hooks) {
   hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
                              [](const auto& hook) {
                                const auto* ours = dynamic_cast<const Hook*>(hook.get());
-                               return ours != nullptr && !ours->record->armed.load();
+                               return ours != nullptr && !ours->armed();
                              }),
               hooks.end());
 }

@@ -105,6 +105,7 @@ class Advise:
         self._calls = None
         self._names = None
         self._fusing = {}  # (id(module), its class, id(parameter) or None) -> Advise._drop_in's answer
+        self._labels = {}  # (module path, call) -> the producer's module as the report shows it
 
     def __enter__(self):
         if self.report is not None:
@@ -159,20 +160,22 @@ class Advise:
                 seen[advice.name] = seen.get(advice.name, 0) + 1
                 advice.name = f"{advice.name} ({seen[advice.name]})"
             savings = account(advice, slot.arrivals, slot.out_of_place, record.create_graph)
+            # Summed per module and drop-in first: an unrolled cell's slot
+            # has a saving per step, all of them the same module's.
+            by_module = {}
             for index, nbytes in savings:
                 where = wheres[index]
                 if where is not None:
-                    path, module, _ = where
-                    self.report.add_saving(self._calls.path_name(path), type(module).__name__,
-                                           advice.producers[index].drop_in, advice.name, nbytes)
+                    key = (where[0], type(where[1]).__name__, advice.producers[index].drop_in)
+                    by_module[key] = by_module.get(key, 0) + nbytes
+            for (path, stock, drop_in), nbytes in by_module.items():
+                self.report.add_saving(self._calls.path_name(path), stock, drop_in, advice.name, nbytes)
             self.report.add_slot(advice)
-
-    def _where(self, seq):
-        return self._calls.attribute(seq) if self._calls is not None and seq is not None else None
 
     def _describe(self, slot):
         """A SlotAdvice (name, kind, producers) for a slot of a backward, and
-        where each producer was made (``_where``'s answer, per producer).
+        where each producer was made (``ModuleCalls.attribute``'s answer, per
+        producer).
 
         Runs at the end of every watched backward, once per producer: what
         depends only on the module (its drop-in, its class, its residual) and
@@ -181,20 +184,25 @@ class Advise:
         is_parameter = self._is_parameter(slot)
         leaf_key = id(slot.leaf) if is_parameter else None  # a parameter outlives the block
         producers = []
-        if self._calls is not None:
-            wheres = self._calls.attribute_all([seq for _, seq, _, _ in slot.producers])
+        calls = self._calls
+        if calls is not None:  # the slot's own node last: one lookup for all
+            wheres = calls.attribute_all([seq for _, seq, _, _ in slot.producers] + [slot.seq])
+            slot_where = wheres.pop()
         else:
-            wheres = [None] * len(slot.producers)
+            wheres, slot_where = [None] * len(slot.producers), None
+        labels, fusings = self._labels, self._fusing
         for (op, _, _, _), where in zip(slot.producers, wheres):
             if where is None:
                 producers.append(ProducerAdvice(op))
                 continue
             path, module, call = where
             key = (id(module), type(module), leaf_key)  # fuse() may change a class mid-block
-            fusing = self._fusing.get(key)
+            fusing = fusings.get(key)
             if fusing is None:
-                fusing = self._fusing[key] = self._drop_in(module, slot, is_parameter)
-            label = self._calls.path_name(path) + (f"#{call}" if call else "")
+                fusing = fusings[key] = self._drop_in(module, slot, is_parameter)
+            label = labels.get((path, call))
+            if label is None:
+                label = labels[path, call] = calls.path_name(path) + (f"#{call}" if call else "")
             producers.append(ProducerAdvice(op, label, *fusing))
         if slot.leaf is not None:
             name = self._names.name(slot.leaf) if self._names else None
@@ -203,7 +211,7 @@ class Advise:
                                   tied=self._names.tied(slot.leaf)), wheres
             return SlotAdvice(f"leaf tensor {list(slot.leaf.shape)}", "tensor", producers,
                               slot.grad_bytes or 0), wheres
-        where = self._where(slot.seq)
+        where = slot_where
         op = slot.op + (f"[{slot.nr}]" if slot.nr else "")
         if where is not None:
             path, _, call = where

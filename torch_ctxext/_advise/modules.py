@@ -46,9 +46,9 @@ def _counter():
 
 class ModuleCalls:
     """Forward hooks on the calls of every module of a model: the interval of sequence
-    numbers of each call, and ``attribute(seq)``: (path, module, call) of the
-    innermost call that created the node numbered ``seq`` (call counts from
-    1, per module), or None."""
+    numbers of each call, and ``attribute_all(seqs)``: (path, module, call) of
+    the innermost call that created each node numbered in ``seqs`` (call
+    counts from 1, per module; None where the module ran once), or None."""
 
     def __init__(self, model, modules):
         self.model = model
@@ -117,11 +117,10 @@ class ModuleCalls:
         self._intervals = [interval for _, interval in entries]
         self._new = []
 
-    def attribute(self, seq):
-        return self.attribute_all((seq,))[0]
-
     def attribute_all(self, seqs):
-        """``attribute`` of each sequence number (None stays None)."""
+        """(path, module, call) of the innermost call that created the node
+        numbered ``seq``, for each sequence number (None for a number no
+        call holds, and for None)."""
         found = []
         with self._lock:
             if self._new:
