@@ -311,6 +311,12 @@ class Watch {
     hook();
   }
 
+  // A watch Python drops unfinished (its backward failed to start) stops
+  // recording: its hooks stay on the nodes, disarmed, for the next to sweep.
+  ~Watch() { finish(); }
+  Watch(const Watch&) = delete;
+  Watch& operator=(const Watch&) = delete;
+
   py::list slots() const { return python_slots_; }
 
   void arrive(size_t slot, int32_t producer, py::handle gradient, bool fused, bool stock_view) {

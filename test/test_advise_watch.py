@@ -230,3 +230,24 @@ def test_bad_input_gets_a_clear_error():
         watch.finish()
     loss.backward()
     assert torch.equal(w.grad, 2 + w.detach().cos())
+
+
+def test_a_watch_that_fails_to_start_leaves_the_step_right_and_the_next_watch_sees_each_gradient_once(monkeypatch):
+    w = leaf(3)
+    loss = (w * 2).sum() + w.sin().sum()
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("boom")
+
+    with monkeypatch.context() as m:  # fails after the extension placed its hooks
+        m.setattr(graph.Slot, "__init__", broken)
+        with torch_ctxext.advise() as failed:
+            loss.backward(retain_graph=True)
+    assert any("RuntimeError: boom" in n for n in failed.notes), failed.notes
+    assert torch.equal(w.grad, 2 + w.detach().cos())
+    w.grad = None
+    with torch_ctxext.advise() as r:
+        loss.backward()
+    assert torch.equal(w.grad, 2 + w.detach().cos())
+    (slot,) = r.slots
+    assert (len(slot.producers), slot.temporaries) == (2, 1)
