@@ -282,6 +282,7 @@ class Watch {
     walk(edges_from_python(roots));
     const auto input_edges = edges_from_python(inputs);
     std::unordered_set<Node*> running;
+    std::vector<std::pair<SlotKey, std::vector<Producer>>> slots;
     const bool restricted = !input_edges.empty();
     if (restricted) {
       running = leading_to(input_edges);
@@ -304,11 +305,15 @@ class Watch {
           continue;
         }
       }
-      slots_.emplace_back(key, std::move(producers));
+      slots.emplace_back(key, std::move(producers));
     }
+    // The walk's maps are not needed past here (they name every edge).
     into_.clear();
-    record_->slots.resize(slots_.size());
-    hook();
+    index_.clear();
+    record_->slots.resize(slots.size());
+    hook(slots);
+    refs_.clear();
+    root_objects_.clear();
   }
 
   // A watch Python drops unfinished (its backward failed to start) stops
@@ -453,10 +458,9 @@ class Watch {
   // The Python view of the slots ([(consumer, nr, [(op, sequence number,
   // ctx, output index)])]: graph.Slot's producers, the ctx only for a custom
   // Function's, ("root gradient", None, None, k) for a root), and a C++ hook
-  // on every built-in producer
-  // and every consumer (custom Functions are seen by the apply wrapper:
-  // engine.py, which calls arrive()).
-  void hook() {
+  // on every built-in producer and every consumer (custom Functions are seen
+  // by the apply wrapper: engine.py, which calls arrive()).
+  void hook(const std::vector<std::pair<SlotKey, std::vector<Producer>>>& slots) {
     std::unordered_map<Node*, std::vector<ProducerEntry>> posts;
     std::vector<Node*> post_order;
     std::unordered_map<Node*, std::vector<std::pair<size_t, uint32_t>>> pres;
@@ -469,8 +473,8 @@ class Watch {
       }
       return found->second;
     };
-    for (size_t s = 0; s < slots_.size(); ++s) {
-      const auto& [key, producers] = slots_[s];
+    for (size_t s = 0; s < slots.size(); ++s) {
+      const auto& [key, producers] = slots[s];
       py::list python_producers;
       for (size_t p = 0; p < producers.size(); ++p) {
         const auto& producer = producers[p];
@@ -505,14 +509,11 @@ class Watch {
       drop_disarmed<ConsumerHook>(node->pre_hooks());
       node->add_pre_hook(std::make_unique<ConsumerHook>(record_, std::move(pres[node])));
     }
-    refs_.clear();
-    root_objects_.clear();
   }
 
   std::shared_ptr<Record> record_;
   std::unordered_map<SlotKey, size_t, SlotKeyHash> index_;
   std::vector<std::pair<SlotKey, std::vector<Producer>>> into_;
-  std::vector<std::pair<SlotKey, std::vector<Producer>>> slots_;
   std::unordered_map<Node*, const NodeRef*> refs_;  // nullptr for a root's node
   std::unordered_map<Node*, py::handle> root_objects_;
   py::list python_slots_;

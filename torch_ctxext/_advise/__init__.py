@@ -174,8 +174,8 @@ class Advise:
 
     def _describe(self, slot):
         """A SlotAdvice (name, kind, producers) for a slot of a backward, and
-        where each producer was made (``ModuleCalls.attribute``'s answer, per
-        producer).
+        where each producer was made (``ModuleCalls.attribute_all``'s answer,
+        per producer).
 
         Runs at the end of every watched backward, once per producer: what
         depends only on the module (its drop-in, its class, its residual) and

@@ -133,13 +133,13 @@ class Slot:
                               for op, seq, node, position in producers]
         else:
             self.producers = []
-        for node, position in () if described else producers:
-            if node is None:
-                self.producers.append(("root gradient", None, None, position))
-            elif isinstance(node, BackwardCFunction):
-                self.producers.append((function_name(node), node._sequence_nr(), node, position))
-            else:
-                self.producers.append((node.name(), node._sequence_nr(), node, position))
+            for node, position in producers:
+                if node is None:
+                    self.producers.append(("root gradient", None, None, position))
+                elif isinstance(node, BackwardCFunction):
+                    self.producers.append((function_name(node), node._sequence_nr(), node, position))
+                else:
+                    self.producers.append((node.name(), node._sequence_nr(), node, position))
         self.arrivals = []
         self.first_address = None
         self.final_address = None
