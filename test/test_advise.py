@@ -175,6 +175,38 @@ def test_several_backwards_in_one_block_add_up():
     assert len(report["weight"].producers) == 6 and report["weight"].temporaries == 4
 
 
+def test_a_block_over_several_steps_names_each_producer_by_its_own_call():
+    layer = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(layer) as report:
+        for _ in range(3):
+            sum(layer(torch.randn(2, 3)).sum() for _ in range(3)).backward()
+    assert sorted(p.module for p in report["weight"].producers) == sorted(f"Linear#{i}" for i in range(1, 10))
+
+
+class GradientPenalty(torch.nn.Module):
+    """A forward that runs a backward of its own: its call returns (and is
+    filed) after the backward has filed the call it contains."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.inner(x)
+        torch.autograd.grad(h.sum() + (h * 2).sum(), x, retain_graph=True)
+        return h * 2 + h  # made by GradientPenalty, after inner returned; h read twice
+
+
+def test_a_call_that_contains_a_backward_still_names_what_it_made():
+    model = GradientPenalty()
+    with torch_ctxext.advise(model) as report:
+        y = model(torch.randn(2, 4, requires_grad=True))
+        (y * y.exp()).sum().backward()
+    assert report.backwards == 2
+    assert sorted(s.name for s in report.slots if s.kind == "activation") == [
+        "AddBackward0 in GradientPenalty", "AddmmBackward0 in inner"]
+
+
 def test_create_graph_is_noted_and_saves_nothing():
     model = torch.nn.Linear(3, 3)
     with torch_ctxext.advise(model) as report:

@@ -150,11 +150,13 @@ class Advise:
                              "and exposes no buffer there, so no drop-in saves anything in it")
         # In the order the tensors were made: duplicates are numbered so.
         ordered = sorted(record.slots, key=lambda slot: (slot.seq is None, slot.seq or 0))
-        named = [(*self._describe(slot), slot) for slot in ordered]
+        named = [(*self._describe(slot, wheres), slot)
+                 for slot, wheres in zip(ordered, self._attribute(ordered))]
         counts = {}
         for advice, _, _ in named:
             counts[advice.name] = counts.get(advice.name, 0) + 1
         seen = {}
+        path_name = self._calls.path_name if self._calls is not None else None
         for advice, wheres, slot in named:
             if counts[advice.name] > 1 and advice.kind == "activation":
                 seen[advice.name] = seen.get(advice.name, 0) + 1
@@ -169,13 +171,32 @@ class Advise:
                     key = (where[0], type(where[1]).__name__, advice.producers[index].drop_in)
                     by_module[key] = by_module.get(key, 0) + nbytes
             for (path, stock, drop_in), nbytes in by_module.items():
-                self.report.add_saving(self._calls.path_name(path), stock, drop_in, advice.name, nbytes)
+                self.report.add_saving(path_name(path), stock, drop_in, advice.name, nbytes)
             self.report.add_slot(advice)
 
-    def _describe(self, slot):
+    def _attribute(self, slots):
+        """For each slot: where each of its producers was made, then where
+        its own node was (``ModuleCalls.attribute_all``'s answers), from one
+        lookup for the whole backward; None each without a model."""
+        calls = self._calls
+        if calls is None:
+            return [[None] * (len(slot.producers) + 1) for slot in slots]
+        seqs = []
+        for slot in slots:
+            seqs += [producer[1] for producer in slot.producers]
+            seqs.append(slot.seq)
+        found = calls.attribute_all(seqs)
+        out, start = [], 0
+        for slot in slots:
+            end = start + len(slot.producers) + 1
+            out.append(found[start:end])
+            start = end
+        return out
+
+    def _describe(self, slot, wheres):
         """A SlotAdvice (name, kind, producers) for a slot of a backward, and
-        where each producer was made (``ModuleCalls.attribute_all``'s answer,
-        per producer).
+        where each producer was made; ``wheres``: ``_attribute``'s answer
+        for the slot (its producers', then its own node's).
 
         Runs at the end of every watched backward, once per producer: what
         depends only on the module (its drop-in, its class, its residual) and
@@ -185,11 +206,8 @@ class Advise:
         leaf_key = id(slot.leaf) if is_parameter else None  # a parameter outlives the block
         producers = []
         calls = self._calls
-        if calls is not None:  # the slot's own node last: one lookup for all
-            wheres = calls.attribute_all([seq for _, seq, _, _ in slot.producers] + [slot.seq])
-            slot_where = wheres.pop()
-        else:
-            wheres, slot_where = [None] * len(slot.producers), None
+        slot_where = wheres[-1]
+        wheres = wheres[:-1]
         labels, fusings = self._labels, self._fusing
         for (op, _, _, _), where in zip(slot.producers, wheres):
             if where is None:

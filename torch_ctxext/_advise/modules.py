@@ -106,15 +106,24 @@ class ModuleCalls:
             self._new.append((start, end, module))
 
     def _sort_in(self):
-        entries = list(zip(self._starts, self._intervals))
+        new = []
         for start, end, module in self._new:  # in the order the calls returned
             call = self._calls[id(module)] = self._calls.get(id(module), 0) + 1
             if start is not None and end is not None:
-                entries.append(((start, -end, -next(self._order)),
-                                (start, end, self.paths.get(id(module), "?"), module, call)))
-        entries.sort(key=_first)
-        self._starts = [key for key, _ in entries]
-        self._intervals = [interval for _, interval in entries]
+                new.append(((start, -end, -next(self._order)),
+                            (start, end, self.paths.get(id(module), "?"), module, call)))
+        new.sort(key=_first)
+        if new and self._starts and new[0][0] < self._starts[-1]:
+            # A call that began before the last one sorted in (another
+            # thread's, or an outer call still running then): sort all.
+            new += zip(self._starts, self._intervals)
+            new.sort(key=_first)
+            self._starts, self._intervals = [], []
+        # Otherwise (a block over many steps: each backward's forward began
+        # after the last one's) the new calls go after the rest, and each
+        # backward sorts only its own.
+        self._starts += [key for key, _ in new]
+        self._intervals += [interval for _, interval in new]
         self._new = []
 
     def attribute_all(self, seqs):

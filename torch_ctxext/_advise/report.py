@@ -132,38 +132,58 @@ def account(slot, arrivals, out_of_place, create_graph):
     would have been a view. So the promise before ``fuse()`` is what the
     fused step reports as avoided.
     """
-    given = [a for a in arrivals if a.kind != "none"]
-    later = given[1:]
-    slot.fused = sum(1 for a in given if a.kind == "fused")
-    slot.temporaries = sum(1 for a in later if a.kind == "gradient")
-    slot.summed_out_of_place = int(bool(out_of_place and slot.temporaries))
-    slot.temporary_bytes = (sum(a.bytes for a in later if a.kind == "gradient")
-                            + slot.summed_out_of_place * slot.grad_bytes)
-    slot.avoided_bytes = sum(max(slot.grad_bytes - slot.producers[a.producer].residual, 0)
-                             for a in given if a.kind == "fused")
-    if later and given[0].stock_view and not slot.summed_out_of_place:
-        slot.avoided_bytes += slot.grad_bytes
-    savings = []
-    if not given or create_graph or given[0].kind != "gradient":
-        return savings
-    first_drop_in = slot.producers[given[0].producer].drop_in is not None
-    exposable = first_drop_in or not slot.summed_out_of_place
-    events = []  # bytes saved at each add: what would not be alive then
-    for k, a in enumerate(later):
-        if a.kind != "gradient":
+    # One pass over the arrivals (this runs for every slot of every watched
+    # backward): ``k`` numbers the arrivals after the first.
+    producers, grad_bytes = slot.producers, slot.grad_bytes
+    first = None
+    k = -1
+    fused = temporaries = temporary_bytes = avoided = 0
+    counting = first_drop_in = exposable = False
+    savings, events = [], []
+    for a in arrivals:
+        kind = a.kind
+        if kind == "none":
+            continue
+        if kind == "fused":
+            fused += 1
+            avoided += max(grad_bytes - producers[a.producer].residual, 0)
+        if first is None:
+            first = a
+            counting = not create_graph and kind == "gradient"
+            if counting:
+                first_drop_in = producers[a.producer].drop_in is not None
+                # Where a later gradient comes, the engine sums out of place
+                # exactly when ``out_of_place``.
+                exposable = first_drop_in or not out_of_place
+            continue
+        k += 1
+        if kind != "gradient":
+            continue
+        temporaries += 1
+        temporary_bytes += a.bytes
+        if not counting:
             continue
         saved = 0
-        if k == 0 and slot.summed_out_of_place and first_drop_in:
+        if k == 0 and out_of_place and first_drop_in:
             # The sum the engine allocates at the second gradient: a
             # drop-in's first gradient is its own tensor, added to in place.
-            savings.append((given[0].producer, slot.grad_bytes))
-            saved += slot.grad_bytes
-        producer = slot.producers[a.producer]
+            savings.append((first.producer, grad_bytes))
+            saved += grad_bytes
+        producer = producers[a.producer]
         if exposable and producer.drop_in is not None:
-            savings.append((a.producer, max(a.bytes - producer.residual, 0)))
-            saved += savings[-1][1]
+            nbytes = max(a.bytes - producer.residual, 0)
+            savings.append((a.producer, nbytes))
+            saved += nbytes
         events.append(saved)
         exposable = True  # after this add the buffer is the engine's own
+    summed = int(bool(out_of_place and temporaries))
+    slot.fused = fused
+    slot.temporaries = temporaries
+    slot.summed_out_of_place = summed
+    slot.temporary_bytes = temporary_bytes + summed * grad_bytes
+    if k >= 0 and first.stock_view and not summed:
+        avoided += grad_bytes
+    slot.avoided_bytes = avoided
     slot.avoidable_bytes = sum(b for _, b in savings)
     slot.avoidable_peak_bytes = max(events, default=0)
     return savings
