@@ -1,6 +1,6 @@
 #include "advise_watch.h"
 
-#include "engine_layout.h"
+#include "ctx_node.h"
 
 #include <pybind11/stl.h>
 
@@ -278,7 +278,8 @@ std::vector<std::tuple<Node*, uint32_t, py::handle>> edges_from_python(const py:
 
 class Watch {
  public:
-  Watch(const py::sequence& roots, const py::sequence& inputs) : record_(std::make_shared<Record>()) {
+  Watch(const py::sequence& roots, const py::sequence& inputs, bool keep_nodes)
+      : record_(std::make_shared<Record>()) {
     walk(edges_from_python(roots));
     const auto input_edges = edges_from_python(inputs);
     std::unordered_set<Node*> running;
@@ -312,7 +313,9 @@ class Watch {
     index_.clear();
     record_->slots.resize(slots.size());
     hook(slots);
-    refs_.clear();
+    if (!keep_nodes) {  // contains() is asked only where keep_nodes
+      refs_.clear();
+    }
     root_objects_.clear();
   }
 
@@ -339,6 +342,23 @@ class Watch {
   }
 
   void finish() { record_->armed.store(false, std::memory_order_release); }
+
+  // Whether the node `obj` stands for (a built-in node or a ctx) is one the
+  // walk reached (a watch made with keep_nodes; the nodes are alive while
+  // their backward runs, which is when this is asked).
+  bool contains(py::handle obj) const {
+    Node* node = node_from_python(obj.ptr());
+    return node != nullptr && refs_.count(node) != 0;
+  }
+
+  // Whether a gradient has reached the slot yet.
+  bool given(size_t slot) const {
+    if (slot >= record_->slots.size()) {
+      throw py::index_error("advise_watch: no such slot");
+    }
+    std::lock_guard<std::mutex> lock(record_->mutex);
+    return record_->slots[slot].given;
+  }
 
   // Per slot: ([(producer, kind, bytes, stock_view)], given, first address
   // or None, final address or None, the first gradient's bytes).
@@ -514,7 +534,9 @@ class Watch {
   std::shared_ptr<Record> record_;
   std::unordered_map<SlotKey, size_t, SlotKeyHash> index_;
   std::vector<std::pair<SlotKey, std::vector<Producer>>> into_;
-  std::unordered_map<Node*, const NodeRef*> refs_;  // nullptr for a root's node
+  // Every node the walk reached, and its reference (nullptr for a root's node);
+  // after construction only its keys are read (contains), and only where kept.
+  std::unordered_map<Node*, const NodeRef*> refs_;
   std::unordered_map<Node*, py::handle> root_objects_;
   py::list python_slots_;
 };
@@ -528,18 +550,22 @@ void bind_advise_watch(py::module_& m) {
       .def("arrive", &Watch::arrive, py::arg("slot"), py::arg("producer"), py::arg("gradient"),
            py::arg("fused") = false, py::arg("stock_view") = false)
       .def("finish", &Watch::finish)
+      .def("contains", &Watch::contains, py::arg("node"))
+      .def("given", &Watch::given, py::arg("slot"))
       .def("results", &Watch::results)
       .def_property_readonly("compiled", &Watch::compiled)
       .def_property_readonly("error", &Watch::error);
   m.def(
       "advise_watch",
-      [](const py::sequence& roots, const py::sequence& inputs) {
-        return std::make_unique<Watch>(roots, inputs);
+      [](const py::sequence& roots, const py::sequence& inputs, bool keep_nodes) {
+        return std::make_unique<Watch>(roots, inputs, keep_nodes);
       },
-      py::arg("roots"), py::arg("inputs"),
+      py::arg("roots"), py::arg("inputs"), py::arg("keep_nodes") = false,
       "Walk a backward's graph from its roots ([(node, nr) or None]; inputs: "
       "the inputs= edges, or empty) and watch the slots two or more producers "
-      "feed: an AdviseWatch.");
+      "feed: an AdviseWatch. keep_nodes: remember every node reached, for "
+      "AdviseWatch.contains (asked where the running torch provides "
+      "input_grad_buffers itself, whose reasons for None it cannot tell).");
 }
 
 }  // namespace torch_ctxext

@@ -8,10 +8,6 @@
 
 namespace torch_ctxext {
 
-bool is_ctx(PyObject* obj) {
-  return obj != nullptr && PyType_IsSubtype(Py_TYPE(obj), &THPFunctionType);
-}
-
 THPFunction* as_ctx(PyObject* obj, const char* who) {
   if (!is_ctx(obj)) {
     throw NotACtxError(

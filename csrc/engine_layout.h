@@ -13,6 +13,8 @@
 #include <torch/csrc/autograd/function.h>  // node.h from 2.13; function.h on all
 #include <torch/csrc/autograd/python_function.h>
 
+#include "ctx_node.h"
+
 #include <ATen/DeviceAccelerator.h>
 #include <torch/csrc/autograd/input_buffer.h>
 #include <torch/csrc/autograd/input_metadata.h>
@@ -35,7 +37,7 @@
 // release number. What each boundary means for users: docs/compatibility.md.
 //
 // WEAK_CTX_NODE (2.12)
-//   files: engine_layout.h, engine_layout.cpp, input_grad_buffers.cpp
+//   files: engine_layout.h, ctx_node.h, engine_layout.cpp, input_grad_buffers.cpp
 //   THPFunction::cdata is a std::weak_ptr<PyNode> (an intrusive_ptr from 2.13).
 // NO_NATIVE_BOXED_GRADS (2.12)
 //   files: boxed_grads.cpp, module.cpp (and _sources.py compiles
@@ -195,27 +197,10 @@ struct NotACtxError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// Whether `obj` is a THPFunction (the ctx a custom Function's forward and
-// backward receive), judged by its real type: PyObject_IsInstance, which
-// torch's THPFunction_Check uses, honours a `__class__` attribute, so a mock
-// or a proxy would pass it and then be read by THPFunction's layout.
-bool is_ctx(PyObject* obj);
+// is_ctx(obj) and node_of(ctx): ctx_node.h.
 
 // `obj` as a THPFunction; throws NotACtxError naming its type otherwise.
 THPFunction* as_ctx(PyObject* obj, const char* who);
-
-// The autograd node a ctx stands for, or nullptr when the node is gone or was
-// never created. THPFunction::cdata is a std::weak_ptr<PyNode> up to torch
-// 2.12 and a c10::intrusive_ptr<Node> from 2.13: this is the one place that
-// knows.
-inline Node* node_of(THPFunction* ctx) {
-#if TORCH_CTXEXT_WEAK_CTX_NODE
-  auto locked = ctx->cdata.lock();
-  return locked.get();  // kept alive by the running engine or by the graph
-#else
-  return ctx->cdata.get();
-#endif
-}
 
 // The GraphTask this thread is executing, or nullptr outside backward.
 //

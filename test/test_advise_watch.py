@@ -5,8 +5,11 @@ either way; where it cannot watch (compiled autograd) Python's hooks do, and
 a hook the engine never called is said, never raised into the step; a
 finished watch sees nothing more.
 
-The extension exists on torch 2.6 to 2.14: on native 2.15 (no extension)
-these tests skip, and test_advise*.py check the Python watch there.
+The watch is torch_ctxext's extension's on torch 2.6 to 2.14, and on a torch
+that provides every member itself (2.15) the build made for it alone, which
+only advise() loads (torch_ctxext/_ext/advise_module.py): these tests skip
+only where neither is there (2.15 without that build: `python -m torch_ctxext
+build` makes it), and test_advise*.py check the Python watch everywhere.
 """
 import os
 import sys
@@ -17,16 +20,18 @@ from torch.autograd.function import BackwardCFunction
 
 import torch_ctxext
 from torch_ctxext._advise import graph
+from torch_ctxext._ext import advise_module
 from doubling_functions import doubling, fuse_into_buffer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from where_fusing_pays import MODELS  # noqa: E402
 
-_C = graph._extension()
+_C = graph._extension() or advise_module.load()
 pytestmark = pytest.mark.skipif(
     getattr(_C, "advise_watch", None) is None,
-    reason="the extension's watch: torch 2.6 to 2.14 with torch_ctxext's extension (native 2.15 loads none)")
+    reason=f"no C++ watch: torch_ctxext's extension (torch 2.6 to 2.14) is not loaded, and advise()'s "
+           f"own build is not there ({advise_module.choice})")
 
 Fused = doubling(fuse_into_buffer)
 
@@ -104,7 +109,7 @@ def test_the_extensions_walk_finds_the_slots_and_producers_pythons_walk_finds_in
 
 def report(step, model=None, python_watch=False, monkeypatch=None):
     if python_watch:
-        monkeypatch.setattr(graph, "_native_watch", lambda roots, inputs: None)
+        monkeypatch.setattr(graph, "_native_watch", lambda roots, inputs: (None, False))
     seen = []
     original = graph.Backward.finish
 

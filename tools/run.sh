@@ -319,6 +319,12 @@ test)
         --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py" \
         "$root/test/test_advise_models.py" "$root/test/test_nn.py" "$root/test/test_advise_transformers.py" \
         "$root/test/test_advise.py" "$root/test/test_explain.py"
+    echo "== advise()'s own C++ watch on native $reference (python -m torch_ctxext build: that watch alone, which only advise() loads): the same report as Python's watch above"
+    PYTHONPATH="$root" "$ref_python" -m torch_ctxext build | tail -n 1
+    PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
+        --rootdir "$root" "$root/test/test_advise_module.py" "$root/test/test_advise_watch.py" \
+        "$root/test/test_advise.py" "$root/test/test_advise_models.py" "$root/test/test_advise_transformers.py" \
+        "$root/test/test_explain.py"
     # The binary wheels, as users install them (tools/wheels.py): CPython 3.11
     # with this machine's CPU build of $main, 3.13 with PyPI's (CUDA) build
     # of $main, 3.10 with PyPI's $oldest; the plugin's own tests on 3.13 and 3.10.

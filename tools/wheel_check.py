@@ -10,7 +10,9 @@ environment's scripts only (no ``cc``, ``c++``, ``g++`` or ``ninja``), with
 checks that:
 
 * ``import torch_ctxext`` loads the packaged binary (nothing compiled, no
-  build in the cache) and provides every member the torch lacks;
+  build in the cache) and provides every member the torch lacks; where the
+  torch provides them all, it loads nothing, and advise() loads the packaged
+  build of its C++ watch;
 * ``python -m torch_ctxext check`` conforms;
 * the import's own cost after ``import torch``: the median over ``--rounds``
   fresh processes of (import torch, then torch_ctxext) minus (import torch),
@@ -38,6 +40,20 @@ from torch_ctxext._ext import loader
 print(json.dumps({"torch_s": t1 - t0, "torch_ctxext_s": t2 - t1, "features": torch_ctxext.features(),
                   "origin": loader.loaded and loader.loaded.origin, "choice": loader.choice,
                   "torch": torch.__version__}))
+"""
+
+# Where torch provides every member natively: the import loads nothing, and
+# advise() watches with the packaged build of its C++ watch.
+ADVISE = """
+import json, sys
+import torch, torch_ctxext
+from torch_ctxext._ext import advise_module
+loaded_at_import = sorted(m for m in sys.modules if m.startswith("torch_ctxext.") and m.endswith("._C"))
+layer = torch.nn.Linear(3, 3)
+with torch_ctxext.advise(layer) as report:
+    sum(layer(torch.randn(2, 3) * k).sum() for k in range(3)).backward()
+print(json.dumps({"loaded_at_import": loaded_at_import, "choice": advise_module.choice,
+                  "temporaries": report["weight"].temporaries}))
 """
 
 
@@ -70,7 +86,18 @@ def main():
                 fail(f"import torch_ctxext failed:\n{done.stderr}")
             rounds.append(json.loads(done.stdout.strip().splitlines()[-1]))
         first = rounds[0]
-        if not str(first["origin"]).startswith("package"):
+        all_native = all(status == "native" for status in first["features"].values())
+        if all_native:
+            if first["origin"] is not None:
+                fail(f"torch provides every member, yet the import loaded {first['origin']} ({first['choice']})")
+            done = subprocess.run([sys.executable, "-c", ADVISE], capture_output=True, text=True, env=env, cwd="/")
+            if done.returncode != 0:
+                fail(f"advise() failed:\n{done.stderr}")
+            advised = json.loads(done.stdout.strip().splitlines()[-1])
+            if advised["loaded_at_import"] or not advised["choice"].startswith("the packaged binary"):
+                fail(f"advise() did not watch with the packaged build of its C++ watch: {advised}")
+            first["origin"], first["choice"] = "package (advise()'s watch)", advised["choice"]
+        elif not str(first["origin"]).startswith("package"):
             fail(f"the import did not load a packaged binary: {first['origin']} ({first['choice']})")
         unavailable = {m: s for m, s in first["features"].items() if s.startswith("unavailable")}
         if unavailable:

@@ -3,8 +3,9 @@
     python3 tools/wheels.py [--python 3.10,3.13] [--torch 2.6.0,2.13.0] [--out DIR] [--verify]
 
 (``bash tools/run.sh wheels`` runs it.) For every CPython asked for (default
-3.10 to 3.13) and every supported torch release that needs the extension
-(default: all but those where every member is native), it:
+3.10 to 3.13) and every supported torch release (default: all of them; where
+torch provides every member natively the binary is advise()'s C++ watch
+alone, which only advise() loads: torch_ctxext/_ext/advise_module.py), it:
 
 1. fetches torch's wheels for that release and CPython without their
    dependencies (``pip download --no-deps``): PyPI's, and any other build
@@ -87,8 +88,10 @@ def python_facts(python):
     return json.loads(subprocess.check_output([python, "-c", code], text=True))
 
 
-def needs_binary(release):
-    return any(not releases.native(member, release) for member in releases.NATIVE_FROM)
+def advise_only(release):
+    """Whether the binary for ``release`` is advise()'s watch alone (a torch
+    that provides every member natively)."""
+    return releases.all_native(release)
 
 
 # --- 1. fetching torch ---------------------------------------------------------
@@ -324,8 +327,8 @@ def verify(wheel, python_version, cache):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=",".join(PYTHONS), help="CPython versions (default %(default)s)")
-    parser.add_argument("--torch", default=",".join(r for r in releases.RELEASES if needs_binary(r)),
-                        help="torch releases (default: every supported one that needs a binary)")
+    parser.add_argument("--torch", default=",".join(releases.RELEASES),
+                        help="torch releases (default: every supported one)")
     parser.add_argument("--out", default=os.path.join(ROOT, "dist"))
     parser.add_argument("--verify", action="store_true",
                         help="then install each wheel beside each torch in a fresh venv and check it there")
@@ -337,8 +340,8 @@ def main(argv=None):
     for release in wanted:
         if not releases.supported(release):
             sys.exit(f"wheels: torch {release} is not supported (torch{releases.requirement()})")
-        if not needs_binary(release):
-            sys.exit(f"wheels: torch {release} provides every member natively: it needs no binary")
+        if advise_only(release):
+            say(f"torch {release} provides every member natively: its binary is advise()'s C++ watch alone")
     os.makedirs(args.out, exist_ok=True)
     start, compiled, summary = time.monotonic(), 0, []
     pure = pure_wheel(args.cache)

@@ -9,7 +9,9 @@
            conform, 2 could not run.
 ``build``  build the C++ extension for the running torch into the cache now,
            ahead of the first import (images, clusters without a compiler on
-           the nodes); ``--force`` builds it again.
+           the nodes); ``--force`` builds it again. Where torch provides every
+           member natively, the build is advise()'s C++ watch alone, which
+           only advise() loads.
 """
 import argparse
 import os
@@ -20,12 +22,17 @@ def _info(_args):
     import torch
 
     import torch_ctxext
-    from torch_ctxext import _features
+    from torch_ctxext import _features, _releases
     from torch_ctxext._ext import build as _build
     from torch_ctxext.conformance import report as _report
 
     print(_report.info_table(torch_ctxext.features(), torch.__version__, torch.version.git_version,
                              _features.routes()))
+    if _releases.all_native(torch.__version__):  # nothing loaded at import; advise() may load its watch
+        from torch_ctxext._ext import advise_module
+
+        how = "C++" if advise_module.load() is not None else "Python"
+        print(f"advise watch   {how}: {advise_module.choice}")
     failure = _build.last_failure
     if failure is not None:  # which failures the cache remembers, and until when
         if failure.remembered:
@@ -44,8 +51,18 @@ def _build(args):
     from torch_ctxext._ext import loader as _extension
 
     if all(status == "native" for status in torch_ctxext.features().values()):
-        print(f"torch {torch.__version__} provides every member of the contract natively: nothing to build")
-        return 0
+        # Nothing to patch: the build is advise()'s C++ watch alone, which
+        # reads nothing by layout (no verdict to make).
+        from torch_ctxext._ext import advise_module
+
+        try:
+            library, _ = _build.build("asked for by `python -m torch_ctxext build`", force=args.force)
+        except _build.ExtensionBuildError as e:
+            print(e, file=sys.stderr)
+            return 1
+        print(f"torch {torch.__version__} provides every member of the contract natively: built only "
+              f"advise()'s C++ watch, which advise() loads (import torch_ctxext loads nothing): {library}")
+        return 0 if advise_module.load(library) is not None else 1
     packaged = _extension.packaged_build()
     if packaged and packaged[1:] == (torch.__version__, torch.version.git_version) and not args.force:
         library = packaged[0]

@@ -166,6 +166,12 @@ def native(member, version):
     return release(version) >= NATIVE_FROM.get(member, (0, 0))
 
 
+def all_native(version):
+    """Whether torch ``version`` provides every member of the contract itself
+    (torch_ctxext then patches nothing; its build is advise()'s watch alone)."""
+    return all(native(member, version) for member in NATIVE_FROM)
+
+
 def _main(argv):
     """For tools/run.sh: print one fact, space-separated where it is a list."""
     facts = {

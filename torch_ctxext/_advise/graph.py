@@ -20,8 +20,10 @@ identities, and the nodes are dropped when the backward ends.
 With torch_ctxext's extension (torch 2.6 to 2.14) the walk and the hooks on
 built-in nodes are C++ ones (``_C.advise_watch``, csrc/advise_watch.cpp): the
 engine then calls no Python for them and wraps no gradient as a Python
-tensor. Where the extension is absent (native 2.15) or compiled autograd is
-on (which calls Python hooks only), they are Python's.
+tensor. On a torch that provides every member itself (2.15), where nothing
+is loaded at import, the same C++ watch comes from the build made for it
+alone (``_ext/advise_module.py``), if there is one. Where there is none, or
+compiled autograd is on (which calls Python hooks only), they are Python's.
 """
 import sys
 import threading
@@ -176,15 +178,27 @@ def _compiled_autograd_on():
 
 
 def _native_watch(roots, input_edges):
-    """The extension's watch of this backward (its walk, its hooks on the
-    built-in nodes), or None where Python's must do."""
-    watch = getattr(_extension(), "advise_watch", None)
-    if watch is None or _compiled_autograd_on():
-        return None
+    """The C++ watch of this backward (its walk, its hooks on the built-in
+    nodes) and whether it is the advise-only build's (a torch that provides
+    every member itself, whose explain() needs the nodes: it keeps them), or
+    (None, False) where Python's must do."""
+    if _compiled_autograd_on():
+        return None, False
+    ext = _extension()
+    watch = getattr(ext, "advise_watch", None)
+    alone = False
+    if watch is None and ext is None:
+        from .._ext import advise_module
+
+        watch = getattr(advise_module.load(), "advise_watch", None)
+        alone = True
+    if watch is None:
+        return None, False
     try:
-        return watch(roots, input_edges)
+        # keep_nodes only where asked: an older copy's extension takes two arguments
+        return (watch(roots, input_edges, True) if alone else watch(roots, input_edges)), alone
     except (TypeError, ValueError):  # an edge it cannot read: Python's walk reads any
-        return None
+        return None, False
 
 
 class Backward:
@@ -197,7 +211,7 @@ class Backward:
         self.problems = []  # what kept this backward from being fully seen
         roots = [_edge(t) for t in t_outputs]
         input_edges = [_edge(t) for t in inputs] if inputs else []
-        self.native = _native_watch(roots, input_edges)
+        self.native, self.native_keeps_nodes = _native_watch(roots, input_edges)
         if self.native is not None:
             found = self.native.slots
             self.node_ids = set()
@@ -285,15 +299,21 @@ class Backward:
         """Whether the slot that ``edge`` (node, input_nr) of the custom
         Function ``ctx`` feeds has received nothing yet in this backward
         (then its buffer is empty: "no earlier producer"); None where ``ctx``
-        is not a node of this backward (or the extension is loaded: no node
-        is listed then). An edge that is no slot has one producer, ``ctx``
-        itself."""
+        is not a node of this backward (or torch_ctxext's extension, which
+        tells that reason itself, is loaded: no node is kept then). An edge
+        that is no slot has one producer, ``ctx`` itself."""
         node, nr = edge
-        if id(ctx) not in self.node_ids or id(node) not in self.node_ids:
+        native = self.native
+        if native is not None:  # the C++ watch knows the nodes where it kept them
+            if not self.native_keeps_nodes or not native.contains(ctx) or not native.contains(node):
+                return None
+        elif id(ctx) not in self.node_ids or id(node) not in self.node_ids:
             return None
         slot = self.slot_of.get((id(node), nr))
         if slot is None:
             return True
+        if native is not None:
+            return not native.given(slot.index)
         with self.lock:
             return not slot._given
 

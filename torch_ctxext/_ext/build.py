@@ -178,6 +178,7 @@ def _spec(reason, force, csrc, key):
             "torch": torch.__version__, "torch_git": torch.version.git_version,
             "python": sys.implementation.cache_tag, "fingerprint": build_cache.fingerprint(csrc),
             "sources": [os.path.basename(s) for s in sources.sources(csrc, torch.__version__)], "csrc": csrc,
+            "advise_only": sources.advise_only(torch.__version__),
         },
     }
 

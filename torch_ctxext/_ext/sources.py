@@ -4,7 +4,8 @@ One list for both builds: ``setup.py`` (the extension built at install) and
 ``torch_ctxext._ext.build`` (built at first import). Every ``csrc/*.cpp`` is part
 of ``torch_ctxext._C``, so a file added to ``csrc/`` is picked up by both
 without naming it anywhere, except the files whose member the running torch
-provides natively (``ONLY_BEFORE``).
+provides natively (``ONLY_BEFORE``), and where it provides all of them, every
+file but advise()'s watch (``ADVISE_ONLY``).
 
 How they are compiled: every source includes the autograd headers of torch
 (through ``engine_layout.h``), and those take most of a compile: on torch
@@ -62,12 +63,18 @@ ONLY_BEFORE = {
     "boxed_grads.cpp": "NO_NATIVE_BOXED_GRADS",
 }
 
+# On a torch that provides every member natively (_releases.all_native) the
+# build is advise()'s C++ watch alone: these sources, advise_module.cpp the
+# module (loaded by advise() only: _ext/advise_module.py), and never elsewhere.
+ADVISE_ONLY = ("advise_watch.cpp", "advise_module.cpp")
+ADVISE_ONLY_MODULE = "advise_module.cpp"
+
 # The generated translation units and the sources each includes, about equal
 # in compile time (measured on torch 2.13). A source named in neither (a new
 # file in csrc/) joins the last.
 UNITS = (
     ("unit_engine", ("engine_layout.cpp", "input_grad_buffers.cpp", "direct_accumulation.cpp", "patching.cpp", "boxed_grads.cpp")),
-    ("unit_module", ("module.cpp", "output_grad_dtype.cpp", "advise_watch.cpp")),
+    ("unit_module", ("module.cpp", "output_grad_dtype.cpp", "advise_watch.cpp", "advise_module.cpp")),
 )
 
 
@@ -85,8 +92,16 @@ def sources(directory, torch_version=None):
     found = sorted(p for pattern in SOURCE_PATTERNS for p in glob.glob(os.path.join(directory, pattern)))
     if torch_version is None:
         return found
+    if advise_only(torch_version):
+        return [p for p in found if os.path.basename(p) in ADVISE_ONLY]
     old_side = _releases.boundaries(torch_version)
-    return [p for p in found if old_side.get(ONLY_BEFORE.get(os.path.basename(p)), True)]
+    return [p for p in found if old_side.get(ONLY_BEFORE.get(os.path.basename(p)), True)
+            and os.path.basename(p) != ADVISE_ONLY_MODULE]
+
+
+def advise_only(torch_version):
+    """Whether a build for ``torch_version`` is advise()'s watch alone."""
+    return _releases.all_native(torch_version)
 
 
 def units(directory, torch_version):
