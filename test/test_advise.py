@@ -244,6 +244,56 @@ def test_blocks_nest_and_the_last_to_exit_restores_torch():
     assert after == before
 
 
+def test_nested_blocks_each_name_their_own_models_calls_and_the_last_restores_module_call():
+    before = torch.nn.Module.__call__
+    first, second = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(first) as outer:
+        with torch_ctxext.advise(second) as inner:
+            sum(first(second(torch.randn(2, 3) * k)).sum() for k in range(2)).backward()
+        assert torch.nn.Module.__call__ is not before  # the outer block still times its calls
+    assert torch.nn.Module.__call__ is before
+    assert sorted(p.module for p in inner["weight"].producers) == ["Linear#1", "Linear#2"]
+    assert sorted(p.module for p in outer["weight"].producers) == ["Linear#1", "Linear#2"]
+    assert outer["weight"].grad_bytes == inner["weight"].grad_bytes == 36
+
+
+def test_a_call_that_raises_is_not_named_and_the_next_calls_are():
+    class Failing(torch.nn.Module):
+        def forward(self, x):
+            x * 2  # a node made before the error
+            raise ValueError("this forward fails")
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), Failing())
+    with torch_ctxext.advise(model) as report:
+        with pytest.raises(ValueError, match="this forward fails"):
+            model(torch.randn(2, 3))
+        sum(model[0](torch.randn(2, 3)).sum() for _ in range(2)).backward()
+    assert sorted(p.module for p in report["0.weight"].producers) == ["0#2", "0#3"]
+
+
+def test_a_patch_of_module_call_made_inside_a_block_stays_after_it(monkeypatch):
+    before = torch.nn.Module.__call__
+    layer = torch.nn.Linear(3, 3)
+    calls = []
+    with torch_ctxext.advise(layer) as report:
+        inside = torch.nn.Module.__call__
+
+        def counting(self, *args, **kwargs):
+            calls.append(type(self).__name__)
+            return inside(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.Module, "__call__", counting)
+        sum(layer(torch.randn(2, 3)).sum() for _ in range(2)).backward()
+    assert torch.nn.Module.__call__ is counting
+    layer(torch.randn(2, 3))  # the wrapper left under it passes the call through
+    assert calls == ["Linear"] * 3
+    assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2"]
+    monkeypatch.undo()  # the other patch taken off: the wrapper is back on top, passing calls through
+    with torch_ctxext.advise(layer):
+        pass
+    assert torch.nn.Module.__call__ is before  # and the next block to exit takes it off
+
+
 def test_bad_input_gets_a_clear_error():
     with pytest.raises(TypeError, match="model must be the torch.nn.Module"):
         torch_ctxext.advise(torch.randn(3))
