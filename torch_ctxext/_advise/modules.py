@@ -3,8 +3,8 @@
 A node's sequence number is taken from a per-thread counter when the node is
 created, so the nodes a module's call creates are exactly those numbered
 from the counter's value when the call starts up to (not including) its
-value when it ends. The wrapper of ``torch.nn.Module.__call__`` below
-(placed while a block is active) reads the counter at both ends
+value when it ends. The wrapper of ``__call__`` below (placed on the
+model's module classes while a block is active) reads the counter at both ends
 (``torch._C._autograd._get_sequence_nr()``, which reads it without creating
 a node; where a release lacks it, by creating one throwaway node) and keep
 the interval; a node is attributed to the innermost call whose interval
@@ -45,38 +45,56 @@ def _counter():
         return None
 
 
-# The model's module calls are timed by one wrapper of torch.nn.Module.__call__,
-# placed while a block is active and shared by the active blocks. Global
+# The model's module calls are timed by a wrapper of ``__call__`` placed, while
+# a block is active, on each class the model's modules have (``Linear``,
+# ``LSTMCell``, the model's own...), shared by the active blocks. Global
 # forward hooks (torch.nn.modules.module.register_module_forward_hook) did the
-# same, but a hook on every module sends every call, in the model or not,
-# down the slow path of Module._call_impl: 7 to 9 us a call on the unrolled
-# LSTMCell (34 calls, 0.3 ms of a 9 ms forward) before the hooks themselves.
-# The wrapper leaves that path to the module's own hooks and costs one frame.
+# same, but they send every module call, in the model or not, down the slow
+# path of Module._call_impl: 7 to 9 us a call on the unrolled LSTMCell (34
+# calls, 0.3 ms of a 9 ms forward) before the hooks themselves. Wrapping
+# torch.nn.Module.__call__ itself instead costs 40 to 80 us at each block's
+# entry and exit (setting an attribute of a class invalidates the method
+# caches of all its subclasses: hundreds for nn.Module); one of a leaf class
+# such as Linear, under 1 us. A class that has a __call__ of its own between
+# it and nn.Module (torch.compile's OptimizedModule) is left alone: its
+# modules get a pair of forward hooks of their own.
 _active = ()  # the ModuleCalls of the active blocks; replaced, never mutated
 _patch_lock = threading.Lock()
-_original_call = None  # torch.nn.Module.__call__ as it was when first wrapped
+_wrapped = {}  # class -> how many active blocks time it (under _patch_lock)
 
 
 def _timed_call(self, *args, **kwargs):
-    """torch.nn.Module.__call__ while a block is active: a call of a module of
-    a watched model is filed with the counter's value before and after it.
-    A call that raises is not filed; under torch.compile's tracer nothing is
-    (the tracer sees torch's own __call__)."""
+    """``__call__`` of a wrapped class while a block is active: a call of a
+    module of a watched model is filed with the counter's value before and
+    after it (then torch.nn.Module.__call__ runs as it would have). A call
+    that raises is not filed; under torch.compile's tracer nothing is."""
     active = _active
     for calls in active:
-        if id(self) in calls.paths:
+        if id(self) in calls.timed:
             break
     else:
-        return _original_call(self, *args, **kwargs)
+        return torch.nn.Module.__call__(self, *args, **kwargs)
     if torch.compiler.is_compiling():
-        return _original_call(self, *args, **kwargs)
+        return torch.nn.Module.__call__(self, *args, **kwargs)
     start = _counter()
-    result = _original_call(self, *args, **kwargs)
+    result = torch.nn.Module.__call__(self, *args, **kwargs)
     end = _counter()
     for calls in active:
-        if id(self) in calls.paths:
+        if id(self) in calls.timed:
             calls.filed(start, end, self)
     return result
+
+
+def _wrappable(cls):
+    """Whether ``cls`` calls torch.nn.Module.__call__ (no class between them
+    has a __call__ of its own, but the wrapper)."""
+    for klass in cls.__mro__:
+        if klass is torch.nn.Module:
+            return True
+        own = klass.__dict__.get("__call__")
+        if own is not None and own is not _timed_call:
+            return False
+    return False
 
 
 class ModuleCalls:
@@ -89,10 +107,12 @@ class ModuleCalls:
     def __init__(self, model, modules):
         self.model = model
         self.paths = {}
+        self._modules = {}
         # ``modules``: model.named_modules(remove_duplicate=False), which
         # ParameterNames reads too; a module's first path is its name.
         for path, module in modules:
             self.paths.setdefault(id(module), path)
+            self._modules[id(module)] = module
         self._calls = {}  # id(module) -> calls so far
         self._starts = []  # sorted (start, -end, -order) keys: an outer call of
         # the same interval sorts before the inner one, which returned first ...
@@ -100,32 +120,67 @@ class ModuleCalls:
         self._new = []  # (start, end, module) of the calls not sorted in yet
         self._lock = threading.Lock()
         self._order = itertools.count()
+        self.timed = {}  # id(module) -> path, of the modules the wrapper times (hooks time the others)
+        self._classes = ()  # the classes this block wrapped (or joined)
+        self._handles = []  # the hooks of modules whose class it could not wrap
+        self._open = threading.local()  # their calls under way, per thread
 
     def install(self):
-        """Time this model's calls: the first active block wraps
-        torch.nn.Module.__call__, the others join it."""
-        global _active, _original_call
+        """Time this model's calls: wrap the __call__ of its modules' classes
+        (joining the blocks that wrap them already); hooks on the modules
+        whose class cannot be."""
+        global _active
+        classes = {type(module) for module in self._modules.values()}
+        wrappable = {cls for cls in classes if _wrappable(cls)}
         with _patch_lock:
-            if not _active and torch.nn.Module.__call__ is not _timed_call:
-                _original_call = torch.nn.Module.__call__
-                torch.nn.Module.__call__ = _timed_call
+            for cls in wrappable:
+                if not _wrapped.get(cls) and cls.__dict__.get("__call__") is not _timed_call:
+                    cls.__call__ = _timed_call
+                _wrapped[cls] = _wrapped.get(cls, 0) + 1
+            self._classes = tuple(wrappable)
+            self.timed = {i: self.paths[i] for i, module in self._modules.items() if type(module) in wrappable}
             _active = _active + (self,)
+        for i, module in self._modules.items():
+            if i not in self.timed:  # (its own __call__ may reach a wrapped one: not timed twice)
+                self._handles.append(module.register_forward_pre_hook(self._pre))
+                self._handles.append(module.register_forward_hook(self._post))
 
     def remove(self):
-        """Stop timing; the last active block puts __call__ back, unless
-        another patch went on top of the wrapper since (it then stays, and
-        passes every call through)."""
+        """Stop timing; the last block that wraps a class unwraps it, unless
+        another patch of its __call__ went on top (it then stays)."""
         global _active
         with _patch_lock:
             _active = tuple(calls for calls in _active if calls is not self)
-            if not _active and torch.nn.Module.__call__ is _timed_call:
-                torch.nn.Module.__call__ = _original_call
+            for cls in self._classes:
+                _wrapped[cls] -= 1
+                if not _wrapped[cls]:
+                    del _wrapped[cls]
+                    if cls.__dict__.get("__call__") is _timed_call:
+                        del cls.__call__
+            self._classes = ()
+            self.timed = {}
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def filed(self, start, end, module):
         with self._lock:
             # Numbered and sorted in when a node is first attributed (after
             # the forwards): one sort per backward, not an insertion per call.
             self._new.append((start, end, module))
+
+    def _pre(self, module, args):
+        stack = getattr(self._open, "stack", None)
+        if stack is None:
+            stack = self._open.stack = []
+        stack.append((module, _counter()))
+
+    def _post(self, module, args, output):
+        stack = getattr(self._open, "stack", [])
+        while stack and stack[-1][0] is not module:  # a forward that raised
+            stack.pop()
+        if stack:
+            self.filed(stack.pop()[1], _counter(), module)
 
     def _sort_in(self):
         new = []
