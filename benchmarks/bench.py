@@ -101,6 +101,11 @@ def worker_main(plugin, modules):
         info["torch_ctxext"] = torch_ctxext.__version__
         info["torch_ctxext_file"] = torch_ctxext.__file__
         info["features"] = torch_ctxext.features()
+        if all(status == "native" for status in info["features"].values()):
+            from torch_ctxext._ext import advise_module
+
+            found = advise_module._find()  # which watch advise() takes (looked for, not loaded)
+            info["advise_watch"] = f"C++, {found[1]}" if found else "Python (no build of its C++ watch)"
     out = sys.stdout
     out.write(MARK + json.dumps({"ready": info}) + "\n")
     out.flush()

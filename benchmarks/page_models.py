@@ -13,8 +13,9 @@ def _model_versions(results):
         out.append(f"torch {b['torch']} + torch_ctxext {b.get('torch_ctxext', '?')}")
     if "native" in w:
         n = w["native"]
+        watch = f"; advise() watches in {n['advise_watch']}" if n.get("advise_watch") else ""
         out.append(f"native torch {n['torch']} " + (
-            "(torch_ctxext imported: it patches nothing there)" if n.get("plugin")
+            f"(torch_ctxext imported: it patches nothing there{watch})" if n.get("plugin")
             else "(torch_ctxext not imported)"))
     return "; ".join(out)
 
