@@ -173,11 +173,37 @@ def _check(code, what):
         raise ChildNotStarted(code, f"{what}: {os.strerror(code)}")
 
 
+# How long, at least, no thread of the importer may ask for the GIL around the
+# clone (sys.setswitchinterval): longer than the clone itself takes (it copies
+# the page tables of the whole process: tens of milliseconds for tens of GB).
+_GIL_QUIET_S = 1.0
+
+
 def _spawn(prepared):
-    """clone(0): the intermediate runs ``prepared.in_intermediate``; return its pid."""
-    pid = prepared.syscall(*prepared.clone_args)
-    if pid == 0:
-        prepared.in_intermediate()
+    """clone(0): the intermediate runs ``prepared.in_intermediate``; return its pid.
+
+    The intermediate is a copy of this thread holding the GIL, with the
+    interpreter's state as it was at the clone, and no other thread. Had
+    another thread of the importer asked for the GIL by then (it does after
+    waiting one switch interval), the copy would hand the GIL over at its
+    first bytecode and wait for a thread that does not exist in it, forever
+    (os.fork() clears that state in C, PyOS_AfterFork_Child, before any
+    bytecode runs; a clone made from Python cannot). So no thread may be
+    able to ask during the clone: the switch interval is raised first, then
+    this thread sleeps past the old interval (every wait begun under it ends
+    meanwhile: it took the free GIL or waits again under the new one), and
+    takes the GIL back, which clears any request; a request then needs
+    ``_GIL_QUIET_S`` more. The interval is put back once the clone is done.
+    """
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(max(interval, _GIL_QUIET_S))
+    try:
+        time.sleep(interval + 0.001)
+        pid = prepared.syscall(*prepared.clone_args)
+        if pid == 0:
+            prepared.in_intermediate()  # never returns (nor runs the finally)
+    finally:
+        sys.setswitchinterval(interval)
     if pid < 0:
         raise ChildNotStarted(ctypes.get_errno(), f"clone: {os.strerror(ctypes.get_errno())}")
     return pid
