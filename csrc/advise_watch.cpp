@@ -9,6 +9,8 @@
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <c10/util/flat_hash_map.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -19,7 +21,6 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -235,6 +236,35 @@ struct Producer {
   size_t position;
 };
 
+const std::string kAccumulateGrad = "torch::autograd::AccumulateGrad";
+
+// graph.py's _metadata_bytes: the bytes of the gradient the engine expects
+// for input `nr` of `node` (numel x element size, by the node's input
+// metadata), or None where the metadata cannot say (a nested or symbolic
+// shape, an undefined input).
+py::object metadata_bytes(const Node& node, uint32_t nr) {
+  try {
+    if (nr >= node.num_inputs()) {
+      return py::none();
+    }
+    const auto& meta = node.input_metadata(nr);
+    if (meta.was_default_constructed() || meta.is_nested_tensor()) {
+      return py::none();
+    }
+    int64_t numel = 1;
+    for (const auto& size : meta.shape_as_dim_vector()) {
+      const auto value = size.maybe_as_int();
+      if (!value) {
+        return py::none();
+      }
+      numel *= *value;
+    }
+    return py::int_(numel * static_cast<int64_t>(meta.dtype().itemsize()));
+  } catch (...) {
+    return py::none();
+  }
+}
+
 // Whether a node is a custom Function's (torch's PyNode), without making a
 // Python object for it: by its dynamic type's name, as PyNode's type_info is
 // not exported from libtorch_python (from 2.9) for a typeid comparison.
@@ -282,39 +312,44 @@ class Watch {
       : record_(std::make_shared<Record>()) {
     walk(edges_from_python(roots));
     const auto input_edges = edges_from_python(inputs);
-    std::unordered_set<Node*> running;
-    std::vector<std::pair<SlotKey, std::vector<Producer>>> slots;
     const bool restricted = !input_edges.empty();
+    ska::flat_hash_set<Node*> running;
+    auto runs = [&](Node* node) { return !restricted || running.count(node) != 0; };
     if (restricted) {
+      // Only the producers that run count (a root's gradient always does).
       running = leading_to(input_edges);
+      counts_.clear();
+      for (const auto& edge : edges_) {
+        if (runs(edge.key.node) && (edge.producer.node == nullptr || runs(edge.producer.node))) {
+          ++counts_[edge.key];
+        }
+      }
     }
-    // Slots, in the order their first edge was found (graph.py's walk).
-    for (auto& [key, producers] : into_) {
-      if (producers.size() < 2) {
+    // Slots (two or more producers, of the nodes that run), in the order
+    // their first edge was found (graph.py's walk); their producers in the
+    // order their edges were.
+    ska::flat_hash_map<SlotKey, size_t, SlotKeyHash> slot_of;
+    std::vector<std::pair<SlotKey, std::vector<Producer>>> slots;
+    for (const auto& edge : edges_) {
+      const auto count = counts_.find(edge.key);
+      if (count == counts_.end() || count->second < 2) {
         continue;
       }
-      if (restricted) {
-        if (!running.count(key.node)) {
-          continue;
-        }
-        producers.erase(std::remove_if(producers.begin(), producers.end(),
-                                       [&](const Producer& p) {
-                                         return p.node != nullptr && !running.count(p.node);
-                                       }),
-                        producers.end());
-        if (producers.size() < 2) {
-          continue;
-        }
+      auto [it, inserted] = slot_of.emplace(edge.key, slots.size());
+      if (inserted) {
+        slots.emplace_back(edge.key, std::vector<Producer>{});
       }
-      slots.emplace_back(key, std::move(producers));
+      if (edge.producer.node == nullptr || runs(edge.producer.node)) {
+        slots[it->second].second.push_back(edge.producer);
+      }
     }
-    // The walk's maps are not needed past here (they name every edge).
-    into_.clear();
-    index_.clear();
+    // The walk's edges are not needed past here (they name every edge).
+    edges_ = {};
+    counts_ = {};
     record_->slots.resize(slots.size());
     hook(slots);
     if (!keep_nodes) {  // contains() is asked only where keep_nodes
-      refs_.clear();
+      refs_ = {};
     }
     root_objects_.clear();
   }
@@ -386,13 +421,13 @@ class Watch {
   }
 
  private:
+  // Every edge goes into one flat list, each slot's producers counted in an
+  // open-addressing map: a list per edge (most have one producer) and a
+  // node-based map cost more in allocations than the walk itself.
   void add_edge(Node* consumer, uint32_t nr, Producer producer) {
-    auto [it, inserted] = index_.emplace(SlotKey{consumer, nr}, into_.size());
-    if (inserted) {
-      into_.emplace_back(SlotKey{consumer, nr}, std::vector<Producer>{producer});
-    } else {
-      into_[it->second].second.push_back(producer);
-    }
+    const SlotKey key{consumer, nr};
+    edges_.push_back({key, producer});
+    ++counts_[key];
   }
 
   // graph.py's _walk, in the same order (depth first from the last root,
@@ -430,16 +465,14 @@ class Watch {
 
   // graph.py's _leading_to: with inputs= the engine runs only the nodes on a
   // path to an input.
-  std::unordered_set<Node*> leading_to(const std::vector<std::tuple<Node*, uint32_t, py::handle>>& inputs) {
-    std::unordered_map<Node*, std::vector<Node*>> parents;
-    for (const auto& [key, producers] : into_) {
-      for (const auto& p : producers) {
-        if (p.node != nullptr) {
-          parents[key.node].push_back(p.node);
-        }
+  ska::flat_hash_set<Node*> leading_to(const std::vector<std::tuple<Node*, uint32_t, py::handle>>& inputs) {
+    ska::flat_hash_map<Node*, std::vector<Node*>> parents;
+    for (const auto& edge : edges_) {
+      if (edge.producer.node != nullptr) {
+        parents[edge.key.node].push_back(edge.producer.node);
       }
     }
-    std::unordered_set<Node*> running;
+    ska::flat_hash_set<Node*> running;
     std::vector<Node*> queue;
     for (const auto& [node, nr, obj] : inputs) {
       if (node != nullptr && running.insert(node).second) {
@@ -476,16 +509,19 @@ class Watch {
   }
 
   // The Python view of the slots ([(consumer, nr, [(op, sequence number,
-  // ctx, output index)])]: graph.Slot's producers, the ctx only for a custom
-  // Function's, ("root gradient", None, None, k) for a root), and a C++ hook
+  // ctx, output index)], the consumer's op, its number (None for a leaf's),
+  // the gradient's bytes by its metadata or None, how many producers are
+  // custom Functions)]: graph.Slot.native's arguments; a producer's ctx only
+  // for a custom Function's (its op None: Python names it), ("root
+  // gradient", None, None, k) for a root), and a C++ hook
   // on every built-in producer and every consumer (custom Functions are seen
   // by the apply wrapper: engine.py, which calls arrive()).
   void hook(const std::vector<std::pair<SlotKey, std::vector<Producer>>>& slots) {
-    std::unordered_map<Node*, std::vector<ProducerEntry>> posts;
+    ska::flat_hash_map<Node*, std::vector<ProducerEntry>> posts;
     std::vector<Node*> post_order;
-    std::unordered_map<Node*, std::vector<std::pair<size_t, uint32_t>>> pres;
+    ska::flat_hash_map<Node*, std::vector<std::pair<size_t, uint32_t>>> pres;
     std::vector<Node*> pre_order;
-    std::unordered_map<Node*, py::object> objects;
+    ska::flat_hash_map<Node*, py::object> objects;
     auto object_of = [&](Node* node) -> py::object& {
       auto found = objects.find(node);
       if (found == objects.end()) {
@@ -496,6 +532,7 @@ class Watch {
     for (size_t s = 0; s < slots.size(); ++s) {
       const auto& [key, producers] = slots[s];
       py::list python_producers;
+      size_t functions = 0;  // custom Function producers: Python names them
       for (size_t p = 0; p < producers.size(); ++p) {
         const auto& producer = producers[p];
         if (producer.node == nullptr) {
@@ -504,6 +541,7 @@ class Watch {
         }
         const auto seq = producer.node->sequence_nr();
         if (is_python_function(producer.node)) {  // seen by engine.py's apply wrapper
+          ++functions;
           python_producers.append(py::make_tuple(py::none(), seq, object_of(producer.node), producer.position));
         } else {  // no Python object needed: its op and number
           python_producers.append(py::make_tuple(producer.node->name(), seq, py::none(), producer.position));
@@ -519,7 +557,13 @@ class Watch {
         pre_order.push_back(key.node);
       }
       consumer_slots.emplace_back(s, key.nr);
-      python_slots_.append(py::make_tuple(object_of(key.node), key.nr, python_producers));
+      // A leaf's slot (its AccumulateGrad) has no number: Python reads its variable.
+      const std::string op = key.node->name();
+      const bool leaf = op == kAccumulateGrad;
+      python_slots_.append(py::make_tuple(
+          object_of(key.node), key.nr, python_producers, op,
+          leaf ? py::object(py::none()) : py::object(py::int_(key.node->sequence_nr())),
+          metadata_bytes(*key.node, key.nr), functions));
     }
     for (Node* node : post_order) {
       drop_disarmed<ProducerHook>(node->post_hooks());
@@ -531,12 +575,17 @@ class Watch {
     }
   }
 
+  struct EdgeRecord {
+    SlotKey key;
+    Producer producer;
+  };
+
   std::shared_ptr<Record> record_;
-  std::unordered_map<SlotKey, size_t, SlotKeyHash> index_;
-  std::vector<std::pair<SlotKey, std::vector<Producer>>> into_;
+  std::vector<EdgeRecord> edges_;  // every edge the walk found, in order
+  ska::flat_hash_map<SlotKey, uint32_t, SlotKeyHash> counts_;  // producers per slot
   // Every node the walk reached, and its reference (nullptr for a root's node);
   // after construction only its keys are read (contains), and only where kept.
-  std::unordered_map<Node*, const NodeRef*> refs_;
+  ska::flat_hash_map<Node*, const NodeRef*> refs_;
   std::unordered_map<Node*, py::handle> root_objects_;
   py::list python_slots_;
 };

@@ -91,13 +91,16 @@ def edges(tensors):
 def test_the_extensions_walk_finds_the_slots_and_producers_pythons_walk_finds_in_the_same_order(make):
     roots, inputs = make()
     found, _ = graph._python_slots(edges(roots), edges(inputs))
-    expected = [graph.Slot(i, *slot) for i, slot in enumerate(found)]
+    expected = [graph.Slot.walked(i, *slot) for i, slot in enumerate(found)]
     watch = _C.advise_watch(edges(roots), edges(inputs))
     try:
-        native = [graph.Slot(i, *slot, described=True) for i, slot in enumerate(watch.slots)]
+        native = [graph.Slot.native(i, *slot) for i, slot in enumerate(watch.slots)]
         assert len(native) == len(expected) > 0
         for slot, n in zip(expected, native):
             assert n.consumer is slot.consumer and n.nr == slot.nr
+            # the consumer's op and number, its leaf, the gradient's size by its metadata
+            assert (n.op, n.seq, n.leaf, n.grad_bytes) == (slot.op, slot.seq, slot.leaf, slot.grad_bytes)
+            assert n.grad_bytes is not None
             # op, number and output index of each producer; a custom Function's ctx itself
             assert [(op, seq, pos) for op, seq, _, pos in n.producers] \
                 == [(op, seq, pos) for op, seq, _, pos in slot.producers]

@@ -34,34 +34,17 @@ from torch.autograd.graph import get_gradient_edge
 
 from .._explain import _argument_slots, _extension, function_name
 
-__all__ = ["Backward", "Arrival"]
+__all__ = ["Backward", "Slot", "NOTHING", "GRADIENT", "FUSED"]
 
 
-class Arrival:
-    """What one producer left in a slot: ``gradient`` (a tensor the engine
-    adds), ``fused`` (written into the exposed buffer, None returned) or
-    ``none`` (nothing). ``stock_view``: a drop-in's gradient where the stock
-    module's would have been a view (the engine would have summed out of
-    place had it come first)."""
-
-    # A plain class with slots: one is made per producer per backward, in the
-    # engine's hooks, where a dataclass's keyword __init__ costs measurably.
-    __slots__ = ("producer", "kind", "bytes", "stock_view")
-
-    def __init__(self, producer, kind, bytes=0, stock_view=False):
-        self.producer = producer
-        self.kind = kind
-        self.bytes = bytes
-        self.stock_view = stock_view
-
-    def __eq__(self, other):
-        return isinstance(other, Arrival) and (
-            (self.producer, self.kind, self.bytes, self.stock_view)
-            == (other.producer, other.kind, other.bytes, other.stock_view))
-
-    def __repr__(self):
-        return (f"Arrival(producer={self.producer}, kind={self.kind!r}, bytes={self.bytes}, "
-                f"stock_view={self.stock_view})")
+# What one producer left in a slot, an arrival: (producer index, kind, bytes,
+# stock_view), kind NOTHING, GRADIENT (a tensor the engine adds) or FUSED
+# (written into the exposed buffer, None returned); stock_view: a drop-in's
+# gradient where the stock module's would have been a view (the engine would
+# have summed out of place had it come first). Plain tuples, in
+# csrc/advise_watch.cpp's numbering (its Kind): one is made per producer per
+# backward, and the report reads them once.
+NOTHING, GRADIENT, FUSED = 0, 1, 2
 
 
 def storage_bytes(t):
@@ -103,9 +86,7 @@ def _edge(t):
 
 
 def _metadata_bytes(node, nr):
-    variable = getattr(node, "variable", None)
-    if isinstance(variable, torch.Tensor):
-        return variable.numel() * variable.element_size()
+    """csrc/advise_watch.cpp's metadata_bytes, for Python's walk."""
     try:
         meta = node._input_metadata[nr]
         numel = 1
@@ -118,45 +99,69 @@ def _metadata_bytes(node, nr):
 
 class Slot:
     """A slot with two or more producers in one backward (nodes held only
-    while it runs); ``index``: its place in the backward's list."""
+    while it runs); ``index``: its place in the backward's list.
 
-    def __init__(self, index, consumer, nr, producers, described=False):
+    ``producers``: [(op, sequence number or None, node or None for the
+    backward's root, the node's output that feeds the slot or the root's
+    index)]; ``op`` and ``seq`` its consumer's (``seq`` None for a leaf's,
+    whose tensor is ``leaf``); ``grad_bytes`` its gradient's size, where
+    the consumer's metadata says (else the first gradient's)."""
+
+    def __init__(self, index, consumer, nr, producers, op, seq, grad_bytes, holds_nodes=True):
         self.index = index
         self.consumer = consumer
         self.nr = nr
-        self.op = consumer.name()
-        self.leaf = getattr(consumer, "variable", None)
-        self.seq = None if self.leaf is not None else consumer._sequence_nr()
-        self.grad_bytes = _metadata_bytes(consumer, nr)
-        # (op, sequence number or None, node or None for the backward's root,
-        # the node's output that feeds the slot or the root's index)
-        if described:  # the extension's: (op, seq, ctx or None, position), op None for a ctx
-            self.producers = [(op if node is None else function_name(node), seq, node, position)
-                              for op, seq, node, position in producers]
-        else:
-            self.producers = []
-            for node, position in producers:
-                if node is None:
-                    self.producers.append(("root gradient", None, None, position))
-                elif isinstance(node, BackwardCFunction):
-                    self.producers.append((function_name(node), node._sequence_nr(), node, position))
-                else:
-                    self.producers.append((node.name(), node._sequence_nr(), node, position))
+        self.op = op
+        self.seq = seq
+        self.leaf = None
+        if seq is None:
+            self.leaf = leaf = consumer.variable
+            grad_bytes = leaf.numel() * leaf.element_size()
+        self.grad_bytes = grad_bytes
+        self.producers = producers
+        # Whether a producer is a node (the extension's walk names only custom
+        # Functions' ctx; Python's every node), which release() drops.
+        self.holds_nodes = holds_nodes
         self.arrivals = []
         self.first_address = None
         self.final_address = None
         self._given = False  # a gradient has arrived
 
+    @classmethod
+    def native(cls, index, consumer, nr, producers, op, seq, grad_bytes, functions):
+        """From the extension's walk (``AdviseWatch.slots``): its producers
+        named, but for custom Functions (op None, ``functions`` of them)."""
+        if functions:
+            producers = [(op if node is None else function_name(node), seq, node, position)
+                         for op, seq, node, position in producers]
+        return cls(index, consumer, nr, producers, op, seq, grad_bytes, holds_nodes=bool(functions))
+
+    @classmethod
+    def walked(cls, index, consumer, nr, edges):
+        """From Python's walk: ``edges`` [(producer node or None, output index)]."""
+        producers = []
+        for node, position in edges:
+            if node is None:
+                producers.append(("root gradient", None, None, position))
+            elif isinstance(node, BackwardCFunction):
+                producers.append((function_name(node), node._sequence_nr(), node, position))
+            else:
+                producers.append((node.name(), node._sequence_nr(), node, position))
+        leaf = getattr(consumer, "variable", None)
+        seq = None if leaf is not None else consumer._sequence_nr()
+        return cls(index, consumer, nr, producers, consumer.name(), seq,
+                   None if leaf is not None else _metadata_bytes(consumer, nr))
+
     def arrive(self, producer, gradient, kind=None, stock_view=False):
         if gradient is None:
-            self.arrivals.append(Arrival(producer, kind or "none"))
+            self.arrivals.append((producer, kind or NOTHING, 0, False))
             return
         if not self._given:
             self._given = True
             self.first_address = _address(gradient)
         if self.grad_bytes is None:
             self.grad_bytes = gradient.numel() * gradient.element_size()
-        self.arrivals.append(Arrival(producer, "gradient", storage_bytes(gradient), stock_view))
+        self.arrivals.append((producer, GRADIENT, storage_bytes(gradient), stock_view))
 
     @property
     def out_of_place(self):
@@ -164,9 +169,6 @@ class Slot:
         shared, a view's, or not dense, or grad mode was on)."""
         return (self.first_address is not None and self.final_address is not None
                 and self.final_address != self.first_address)
-
-
-_KINDS = ("none", "gradient", "fused")  # csrc/advise_watch.cpp's Kind
 
 
 def _compiled_autograd_on():
@@ -221,15 +223,17 @@ class Backward:
             # only a torch without the extension asks (the extension tells
             # it itself).
             self.node_ids = set(nodes) if _extension() is None else set()
-        native = self.native is not None
-        self.slots = [Slot(i, consumer, nr, edges, native) for i, (consumer, nr, edges) in enumerate(found)]
+        if self.native is not None:
+            self.slots = [Slot.native(i, *slot) for i, slot in enumerate(found)]
+        else:
+            self.slots = [Slot.walked(i, *slot) for i, slot in enumerate(found)]
         self.functions = {}  # id(ctx) -> [(slot, producer index)]
         self.slot_of = {(id(slot.consumer), slot.nr): slot for slot in self.slots}
         self._watch(grad_tensors)
 
     def _arrive(self, slot, index, gradient, kind=None, stock_view=False):
         if self.native is not None:
-            self.native.arrive(slot.index, index, gradient, kind == "fused", stock_view)
+            self.native.arrive(slot.index, index, gradient, kind == FUSED, stock_view)
         else:
             slot.arrive(index, gradient, kind, stock_view)
 
@@ -289,7 +293,7 @@ class Backward:
                     used.add(k)
                     gradient = returned[j]
                     if gradient is None and written.get(j):
-                        self._arrive(slot, index, None, kind="fused")
+                        self._arrive(slot, index, None, kind=FUSED)
                     else:
                         self._arrive(slot, index, gradient,
                                      stock_view=bool(stock_view and gradient is not None and stock_view(ctx, j)))
@@ -328,8 +332,7 @@ class Backward:
             return
         native.finish()
         for slot, (arrivals, given, first, final, first_bytes) in zip(self.slots, native.results()):
-            slot.arrivals = [Arrival(producer, _KINDS[kind], nbytes, stock_view)
-                             for producer, kind, nbytes, stock_view in arrivals]
+            slot.arrivals = arrivals
             slot._given = given
             slot.first_address = first
             slot.final_address = final
@@ -346,7 +349,9 @@ class Backward:
         for slot in self.slots:
             slot.consumer = None
             slot.leaf = None
-            slot.producers = [(op, seq, None, position) for op, seq, _, position in slot.producers]
+            if slot.holds_nodes:
+                slot.producers = [(op, seq, None, position) for op, seq, _, position in slot.producers]
+                slot.holds_nodes = False
         self.functions = {}
         self.slot_of = {}
         self.node_ids = set()

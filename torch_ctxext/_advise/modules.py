@@ -22,6 +22,7 @@ __all__ = ["ModuleCalls", "ParameterNames"]
 
 _probe = threading.local()
 _first = operator.itemgetter(0)
+_UNKNOWN = object()
 _peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
 
 
@@ -117,6 +118,7 @@ class ModuleCalls:
         self._starts = []  # sorted (start, -end, -order) keys: an outer call of
         # the same interval sorts before the inner one, which returned first ...
         self._intervals = []  # ... and (start, end, path, module, call), in that order
+        self._start_values = []  # each interval's start
         self._new = []  # (start, end, module) of the calls not sorted in yet
         self._lock = threading.Lock()
         self._order = itertools.count()
@@ -195,12 +197,13 @@ class ModuleCalls:
             # thread's, or an outer call still running then): sort all.
             new += zip(self._starts, self._intervals)
             new.sort(key=_first)
-            self._starts, self._intervals = [], []
+            self._starts, self._intervals, self._start_values = [], [], []
         # Otherwise (a block over many steps: each backward's forward began
         # after the last one's) the new calls go after the rest, and each
         # backward sorts only its own.
         self._starts += [key for key, _ in new]
         self._intervals += [interval for _, interval in new]
+        self._start_values += [key[0] for key, _ in new]  # for bisect, as plain ints
         self._new = []
 
     def attribute_all(self, seqs):
@@ -211,19 +214,24 @@ class ModuleCalls:
         with self._lock:
             if self._new:
                 self._sort_in()
-            starts, intervals, calls = self._starts, self._intervals, self._calls
+            starts, intervals, calls = self._start_values, self._intervals, self._calls
+            # A node that produces for several slots is asked once (the
+            # number None, of a root or a leaf, belongs to no call).
+            known = {None: None}
             for seq in seqs:
-                where = None
-                if seq is not None:
-                    i = bisect.bisect(starts, (seq, 1))
+                where = known.get(seq, _UNKNOWN)
+                if where is _UNKNOWN:
+                    where = None
+                    i = bisect.bisect_right(starts, seq)
                     # Intervals nest: going back from the last one that starts at or
                     # before seq, the first that has not ended yet is the innermost.
                     while i > 0:
                         i -= 1
                         start, end, path, module, call = intervals[i]
-                        if start <= seq < end:
+                        if seq < end:
                             where = (path, module, call if calls.get(id(module), 1) > 1 else None)
                             break
+                    known[seq] = where
                 found.append(where)
         return found
 

@@ -2,12 +2,13 @@
 from dataclasses import dataclass, field
 
 from .._explain import FunctionBufferStats
+from .graph import FUSED, GRADIENT, NOTHING
 from .table import natural, render
 
 __all__ = ["AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice", "DropInAdvice", "account"]
 
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: one is made per producer per backward
 class ProducerAdvice:
     """One producer of a slot: the op (autograd node) or custom Function
     whose backward returns a gradient for it, the module that made it
@@ -28,7 +29,7 @@ class ProducerAdvice:
                 "residual_bytes": self.residual}
 
 
-@dataclass
+@dataclass(slots=True)
 class SlotAdvice:
     """A tensor into which one backward accumulated more than one gradient.
 
@@ -114,7 +115,8 @@ class DropInAdvice:
 
 
 def account(slot, arrivals, out_of_place, create_graph):
-    """Fill ``slot``'s counts from what reached it, in order; returns the
+    """Fill ``slot``'s counts from what reached it, in order (``arrivals``:
+    graph.py's (producer index, kind, bytes, stock_view)); returns the
     savings the drop-ins would make, [(producer index, bytes)].
 
     The engine keeps the first gradient as the buffer and adds each later
@@ -140,39 +142,39 @@ def account(slot, arrivals, out_of_place, create_graph):
     fused = temporaries = temporary_bytes = avoided = 0
     counting = first_drop_in = exposable = False
     savings, events = [], []
-    for a in arrivals:
-        kind = a.kind
-        if kind == "none":
+    for arrival in arrivals:
+        producer, kind, nbytes, _ = arrival
+        if kind == NOTHING:
             continue
-        if kind == "fused":
+        if kind == FUSED:
             fused += 1
-            avoided += max(grad_bytes - producers[a.producer].residual, 0)
+            avoided += max(grad_bytes - producers[producer].residual, 0)
         if first is None:
-            first = a
-            counting = not create_graph and kind == "gradient"
+            first = arrival
+            counting = not create_graph and kind == GRADIENT
             if counting:
-                first_drop_in = producers[a.producer].drop_in is not None
+                first_drop_in = producers[producer].drop_in is not None
                 # Where a later gradient comes, the engine sums out of place
                 # exactly when ``out_of_place``.
                 exposable = first_drop_in or not out_of_place
             continue
         k += 1
-        if kind != "gradient":
+        if kind != GRADIENT:
             continue
         temporaries += 1
-        temporary_bytes += a.bytes
+        temporary_bytes += nbytes
         if not counting:
             continue
         saved = 0
         if k == 0 and out_of_place and first_drop_in:
             # The sum the engine allocates at the second gradient: a
             # drop-in's first gradient is its own tensor, added to in place.
-            savings.append((first.producer, grad_bytes))
+            savings.append((first[0], grad_bytes))
             saved += grad_bytes
-        producer = producers[a.producer]
-        if exposable and producer.drop_in is not None:
-            nbytes = max(a.bytes - producer.residual, 0)
-            savings.append((a.producer, nbytes))
+        advice = producers[producer]
+        if exposable and advice.drop_in is not None:
+            nbytes = max(nbytes - advice.residual, 0)
+            savings.append((producer, nbytes))
             saved += nbytes
         events.append(saved)
         exposable = True  # after this add the buffer is the engine's own
@@ -181,7 +183,7 @@ def account(slot, arrivals, out_of_place, create_graph):
     slot.temporaries = temporaries
     slot.summed_out_of_place = summed
     slot.temporary_bytes = temporary_bytes + summed * grad_bytes
-    if k >= 0 and first.stock_view and not summed:
+    if k >= 0 and first[3] and not summed:  # the first gradient's stock_view
         avoided += grad_bytes
     slot.avoided_bytes = avoided
     slot.avoidable_bytes = sum(b for _, b in savings)
