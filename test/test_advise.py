@@ -9,7 +9,8 @@ import torch
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 
 import torch_ctxext
-from torch_ctxext._advise import graph
+from torch_ctxext._advise import graph, modules
+from torch_ctxext._advise.table import fmt_bytes as format_bytes
 from doubling_functions import doubling, fuse_into_buffer
 
 
@@ -172,15 +173,52 @@ def test_several_backwards_in_one_block_add_up():
         for _ in range(2):
             sum(w(torch.randn(2, 3) * k).sum() for k in range(3)).backward()
     assert report.backwards == 2
-    assert len(report["weight"].producers) == 6 and report["weight"].temporaries == 4
+    # the same three producers in both: listed once, their temporaries counted each time
+    assert len(report["weight"].producers) == 3 and report["weight"].temporaries == 4
 
 
-def test_a_block_over_several_steps_names_each_producer_by_its_own_call():
+def test_a_block_over_several_steps_numbers_each_forwards_calls_from_one():
     layer = torch.nn.Linear(3, 3)
     with torch_ctxext.advise(layer) as report:
         for _ in range(3):
             sum(layer(torch.randn(2, 3)).sum() for _ in range(3)).backward()
-    assert sorted(p.module for p in report["weight"].producers) == sorted(f"Linear#{i}" for i in range(1, 10))
+    assert report.backwards == 3 and report["weight"].temporaries == 6
+    assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2", "Linear#3"]
+
+
+def test_a_block_kept_open_over_many_steps_reports_as_many_rows_as_one_step():
+    cell = torch.nn.LSTMCell(4, 8)
+    x = torch.randn(3, 2, 4)
+
+    def step():
+        h = c = torch.zeros(2, 8)
+        for t in range(3):
+            h, c = cell(x[t], (h, c))
+        (h.sum() + c.sum()).backward()
+
+    with torch_ctxext.advise(cell) as one:
+        step()
+    with torch_ctxext.advise(cell) as many:
+        for _ in range(modules.KEPT_FORWARDS + 3):
+            step()
+    assert many.backwards == modules.KEPT_FORWARDS + 3
+    assert [s.name for s in many.slots] == [s.name for s in one.slots]
+    assert [len(s.producers) for s in many.slots] == [len(s.producers) for s in one.slots]
+    assert many.temporary_bytes == many.backwards * one.temporary_bytes
+    assert many.avoidable_bytes == many.backwards * one.avoidable_bytes
+    do_this = str(many).splitlines()[3]
+    assert f"over {many.backwards} backwards ({format_bytes(one.avoidable_bytes)} per backward)" in do_this, do_this
+    assert str(one).splitlines()[3].endswith(f"saves {format_bytes(one.avoidable_bytes)} per step: 1 x FusedLSTMCell")
+
+
+def test_a_block_kept_open_keeps_the_calls_of_its_last_forwards_only():
+    layer = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(layer) as report:
+        calls = torch_ctxext._advise.engine._sessions[-1]._calls
+        for _ in range(3 * modules.KEPT_FORWARDS):
+            sum(layer(torch.randn(2, 3)).sum() for _ in range(2)).backward()
+            assert len(calls._intervals) <= 2 * modules.KEPT_FORWARDS
+    assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2"]
 
 
 class GradientPenalty(torch.nn.Module):
@@ -314,3 +352,48 @@ def test_bad_input_gets_a_clear_error():
     with block:
         with pytest.raises(RuntimeError, match="already active"):
             block.__enter__()
+
+
+class TwiceEmbedded(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 4)
+
+    def forward(self, tokens):
+        return self.head(self.emb(tokens)).sum() + self.emb(tokens).sum()
+
+
+def _twice_embedded_step(model):
+    with torch_ctxext.advise(model) as report:
+        model(torch.tensor([[1, 2, 3]])).backward()
+    return report.as_dict()
+
+
+@pytest.mark.parametrize("change", ["padding_idx", "replaced module", "fused", "renamed"])
+def test_a_described_graph_is_described_afresh_when_what_its_names_read_changed(change):
+    model = TwiceEmbedded()
+    before = _twice_embedded_step(model)
+    assert _twice_embedded_step(model) == before
+    if change == "padding_idx":
+        model.emb.padding_idx = 0  # the same module: its drop-in's fused path now keeps a row
+    elif change == "replaced module":
+        model.emb = torch.nn.Embedding(10, 4, padding_idx=0)
+    elif change == "fused":
+        torch_ctxext.nn.fuse(model)
+    else:
+        model.embedding = model.emb
+        del model.emb
+        model.forward = lambda tokens: model.head(model.embedding(tokens)).sum() + model.embedding(tokens).sum()
+    after = _twice_embedded_step(model)
+    (slot,) = [s for s in after["slots"] if s["name"].endswith("weight") and "emb" in s["name"]]
+    if change in ("padding_idx", "replaced module"):
+        assert {p["residual_bytes"] for p in slot["producers"]} == {4 * 4}
+        assert slot["avoidable_bytes"] == before["slots"][0]["avoidable_bytes"] - 4 * 4
+    elif change == "fused":
+        assert slot["avoided_bytes"] == before["slots"][0]["avoidable_bytes"] and not slot["avoidable_bytes"]
+        assert {p["stock"] for p in slot["producers"]} == {"FusedEmbedding"}
+    else:
+        assert slot["name"] == "embedding.weight"
+        assert {p["module"] for p in slot["producers"]} == {"embedding#1", "embedding#2"}
+    assert after != before

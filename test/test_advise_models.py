@@ -343,3 +343,33 @@ def _summary_of_dict(d):
             return d
 
     return json.loads(json.dumps(summary(_Report())))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("fused", [False, True], ids=["stock", "fused"])
+def test_a_step_that_repeats_a_described_graph_is_reported_as_a_fresh_description_would(name, fused, monkeypatch):
+    from torch_ctxext import _advise
+
+    workload = MODELS[name]()
+    if fused:
+        torch_ctxext.nn.fuse(workload.model)
+    described = []
+    describe_all = _advise.Advise._describe_all
+    monkeypatch.setattr(_advise.Advise, "_describe_all",
+                        lambda self, ordered: described.append(1) or describe_all(self, ordered))
+    reports = [report_of(workload).as_dict() for _ in range(3)]  # a block per step
+    assert len(described) == 1  # the steps after the first reuse it
+    with torch_ctxext.advise(workload.model) as kept_open:  # one block over the steps
+        for _ in range(3):
+            workload.model.zero_grad(set_to_none=True)
+            workload.loss().backward()
+    assert len(described) == 1
+    monkeypatch.setattr(_advise, "_DESCRIBED_PER_MODEL", 0)  # nothing kept: each described afresh
+    _advise._DESCRIBED.clear()
+    fresh = report_of(workload).as_dict()
+    assert len(described) == 2
+    assert reports == [fresh] * 3
+    scaled = kept_open.as_dict()
+    assert scaled["backwards"] == 3 and [s["name"] for s in scaled["slots"]] == [s["name"] for s in fresh["slots"]]
+    assert scaled["avoidable_bytes"] == 3 * fresh["avoidable_bytes"]
+    assert scaled["temporary_bytes"] == 3 * fresh["temporary_bytes"]

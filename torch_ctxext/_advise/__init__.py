@@ -17,6 +17,9 @@ Works on torch 2.6 to 2.14 with torch_ctxext and on native 2.15, on the CPU
 and on any device; the observation changes no result (the gradients are
 bitwise those of the step without it) and no buffer the engine exposes.
 """
+import threading
+import weakref
+
 import torch
 
 from . import engine
@@ -77,6 +80,26 @@ def advise(model=None):
 
 _FUSE_INPUT = ("FusedLinear", "FusedConv1D")
 
+# What a backward's slots are called, per model: a training loop repeats one
+# graph, and naming its slots (where each producer was made, its module's
+# drop-in, the tensor's name) is most of what advise() adds to a step after
+# the engine's backward. Kept by the key of everything the naming reads, by
+# value (Advise._key); a few per model, dropped with it. By the model's
+# identity (a weak reference), whatever its class's __eq__ and __hash__.
+_DESCRIBED = {}  # id(model) -> (weakref to it, {key: Advise._describe_all's answer})
+_DESCRIBED_PER_MODEL = 8
+_described_lock = threading.Lock()
+
+
+def _known_descriptions(model):
+    """The descriptions kept for ``model`` (under _described_lock)."""
+    entry = _DESCRIBED.get(id(model))
+    if entry is None or entry[0]() is not model:
+        for i in [i for i, (ref, _) in _DESCRIBED.items() if ref() is None]:
+            del _DESCRIBED[i]  # models gone (their ids may be reused)
+        entry = _DESCRIBED[id(model)] = (weakref.ref(model), {})
+    return entry[1]
+
 
 def _residual(module):
     """Bytes a drop-in's fused path still allocates at each add into its
@@ -106,6 +129,7 @@ class Advise:
         self._names = None
         self._fusing = {}  # (id(module), its class, id(parameter) or None) -> Advise._drop_in's answer
         self._labels = {}  # (module path, call) -> the producer's module as the report shows it
+        self._modules = {}  # (id(module), its class) -> what of it a description reads (_key)
 
     def __enter__(self):
         if self.report is not None:
@@ -150,29 +174,102 @@ class Advise:
                              "and exposes no buffer there, so no drop-in saves anything in it")
         # In the order the tensors were made: duplicates are numbered so.
         ordered = sorted(record.slots, key=lambda slot: (slot.seq is None, slot.seq or 0))
-        named = [(*self._describe(slot, wheres), slot)
-                 for slot, wheres in zip(ordered, self._attribute(ordered))]
-        counts = {}
-        for advice, _, _ in named:
-            counts[advice.name] = counts.get(advice.name, 0) + 1
-        seen = {}
         path_name = self._calls.path_name if self._calls is not None else None
-        for advice, wheres, slot in named:
-            if counts[advice.name] > 1 and advice.kind == "activation":
-                seen[advice.name] = seen.get(advice.name, 0) + 1
-                advice.name = f"{advice.name} ({seen[advice.name]})"
+        for (name, kind, producers, tied, modules), slot in zip(self._described(record, ordered), ordered):
+            advice = SlotAdvice(name, kind, list(producers), slot.grad_bytes or 0, tied=list(tied),
+                                origins=[producers])
             savings = account(advice, slot.arrivals, slot.out_of_place, record.create_graph)
             # Summed per module and drop-in first: an unrolled cell's slot
             # has a saving per step, all of them the same module's.
             by_module = {}
             for index, nbytes in savings:
-                where = wheres[index]
-                if where is not None:
-                    key = (where[0], type(where[1]).__name__, advice.producers[index].drop_in)
+                key = modules[index]
+                if key is not None:
                     by_module[key] = by_module.get(key, 0) + nbytes
             for (path, stock, drop_in), nbytes in by_module.items():
-                self.report.add_saving(path_name(path), stock, drop_in, advice.name, nbytes)
+                self.report.add_saving(path_name(path), stock, drop_in, name, nbytes)
             self.report.add_slot(advice)
+
+    def _described(self, record, ordered):
+        """``_describe_all``'s answer for these slots: the one made for a
+        backward of the same structure, same module calls and same names
+        where there is one (a training loop's every step after the first,
+        in one block or one block per step), else made now."""
+        key = self._key(record)
+        if key is None:
+            return self._describe_all(ordered)
+        with _described_lock:
+            found = _known_descriptions(self.model).get(key)
+        if found is not None:
+            return found
+        found = self._describe_all(ordered)
+        with _described_lock:
+            known = _known_descriptions(self.model)
+            if len(known) >= _DESCRIBED_PER_MODEL:
+                known.clear()  # graphs that change every step: keep the latest
+            known[key] = found
+        return found
+
+    def _describe_all(self, ordered):
+        """Per slot (sorted as the tensors were made): its name (activations
+        of one name numbered), kind, producers (ProducerAdvice), tied names,
+        and per producer the (module path, class, drop-in) its saving is
+        filed under, or None."""
+        described = []
+        counts = {}
+        for slot, wheres in zip(ordered, self._attribute(ordered)):
+            advice, wheres = self._describe(slot, wheres)
+            modules = tuple(None if where is None else (where[0], type(where[1]).__name__, producer.drop_in)
+                            for where, producer in zip(wheres, advice.producers))
+            described.append([advice.name, advice.kind, tuple(advice.producers), tuple(advice.tied), modules])
+            counts[advice.name] = counts.get(advice.name, 0) + 1
+        seen = {}
+        for entry in described:
+            name = entry[0]
+            if counts[name] > 1 and entry[1] == "activation":
+                seen[name] = seen.get(name, 0) + 1
+                entry[0] = f"{name} ({seen[name]})"
+        return [tuple(entry) for entry in described]
+
+    def _key(self, record):
+        """Everything ``_describe_all`` reads, by value: the backward's
+        ``shape`` (per slot its op, input number, node number and its
+        producers' ops and numbers, numbers relative to its lowest), where
+        that lies from this forward's first module call, the slots' tensor
+        names; this forward's module calls (numbers, path, call, class,
+        drop-in, what its fused path still allocates); the model's class.
+        None where a description cannot be reused: no model, no module call
+        timed, or a node numbered before the end of an earlier forward's
+        call (it may be that call's)."""
+        calls = self._calls
+        if calls is None or record.shape is None:
+            return None
+        forward, start, before = calls.sorted_forward()
+        if not forward or (before is not None and record.lowest < before):
+            return None
+        names = self._names.names
+        tensors = []
+        for slot in record.slots:
+            leaf = slot.leaf
+            if leaf is not None:
+                found = names.get(id(leaf))
+                tensors.append(tuple(found) if found is not None else tuple(leaf.shape))
+        module = self._module_key
+        made = tuple([(begin - start, end - start, path, call, counts[id(m)], module(m))
+                      for begin, end, path, m, call, counts in forward])
+        return type(self.model), made, record.lowest - start, record.shape, tuple(tensors)
+
+    def _module_key(self, module):
+        """What a description reads of a module: its class, drop-in, and
+        what the drop-in's fused path still allocates (once per block)."""
+        key = (id(module), type(module))
+        found = self._modules.get(key)
+        if found is None:
+            from ..nn.fuse import drop_in_for
+
+            drop_in = drop_in_for(module)
+            found = self._modules[key] = (type(module), drop_in, _residual(module))
+        return found
 
     def _attribute(self, slots):
         """For each slot: where each of its producers was made, then where

@@ -104,7 +104,8 @@ def _run_backward(t_outputs, *args, **kwargs):
             create_graph = args[2] if len(args) > 2 else kwargs.get("create_graph", False)
             inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
             with _no_collection():
-                record = Backward(t_outputs, grad_tensors, inputs, create_graph)
+                record = Backward(t_outputs, grad_tensors, inputs, create_graph,
+                                  shaped=any(session.model is not None for session in sessions))
         except Exception as error:  # never into the training step
             for session in sessions:
                 session.failed(error)

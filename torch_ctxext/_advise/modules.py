@@ -23,6 +23,7 @@ __all__ = ["ModuleCalls", "ParameterNames"]
 _probe = threading.local()
 _first = operator.itemgetter(0)
 _UNKNOWN = object()
+KEPT_FORWARDS = 8  # forwards whose module calls a block keeps (ModuleCalls._sort_in)
 _peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
 
 
@@ -102,8 +103,13 @@ class ModuleCalls:
     """The calls of every module of a model, timed while a block is active
     (``install``/``remove``): the interval of sequence numbers of each call,
     and ``attribute_all(seqs)``: (path, module, call) of the innermost call
-    that created each node numbered in ``seqs`` (call counts from 1, per
-    module; None where the module ran once), or None."""
+    that created each node numbered in ``seqs``, or None.
+
+    ``call`` counts from 1, per module, within one forward: the calls filed
+    since the last backward was attributed (None where the module ran once
+    in it). A block kept open over many steps so names each step's calls as
+    the first step's, and its report has one row per tensor, not one per
+    tensor per step."""
 
     def __init__(self, model, modules):
         self.model = model
@@ -114,12 +120,16 @@ class ModuleCalls:
         for path, module in modules:
             self.paths.setdefault(id(module), path)
             self._modules[id(module)] = module
-        self._calls = {}  # id(module) -> calls so far
         self._starts = []  # sorted (start, -end, -order) keys: an outer call of
         # the same interval sorts before the inner one, which returned first ...
-        self._intervals = []  # ... and (start, end, path, module, call), in that order
+        self._intervals = []  # ... and (start, end, path, module, call, counts), in that order
+        # (counts: id(module) -> calls of it in that interval's forward)
         self._start_values = []  # each interval's start
         self._new = []  # (start, end, module) of the calls not sorted in yet
+        self.forward = ()  # the intervals of the last forward sorted in, as filed
+        self.forward_start = None  # the lowest start of its intervals
+        self._forward_starts = []  # that of each forward whose calls are kept, oldest first
+        self.before_forward = None  # the highest end of the intervals sorted in before it
         self._lock = threading.Lock()
         self._order = itertools.count()
         self.timed = {}  # id(module) -> path, of the modules the wrapper times (hooks time the others)
@@ -186,11 +196,15 @@ class ModuleCalls:
 
     def _sort_in(self):
         new = []
+        counts = {}  # this forward's calls per module, read at attribution
         for start, end, module in self._new:  # in the order the calls returned
-            call = self._calls[id(module)] = self._calls.get(id(module), 0) + 1
+            call = counts[id(module)] = counts.get(id(module), 0) + 1
             if start is not None and end is not None:
                 new.append(((start, -end, -next(self._order)),
-                            (start, end, self.paths.get(id(module), "?"), module, call)))
+                            (start, end, self.paths.get(id(module), "?"), module, call, counts)))
+        self.before_forward = max((interval[1] for interval in self._intervals), default=None)
+        self.forward = tuple(interval for _, interval in new)
+        self.forward_start = min((interval[0] for interval in self.forward), default=None)
         new.sort(key=_first)
         if new and self._starts and new[0][0] < self._starts[-1]:
             # A call that began before the last one sorted in (another
@@ -205,6 +219,26 @@ class ModuleCalls:
         self._intervals += [interval for _, interval in new]
         self._start_values += [key[0] for key, _ in new]  # for bisect, as plain ints
         self._new = []
+        # A block kept open over many steps keeps the calls of its last
+        # KEPT_FORWARDS forwards only (a graph older than that is named by
+        # its ops alone): its memory stays bounded however long it runs.
+        if self.forward_start is not None:
+            self._forward_starts.append(self.forward_start)
+            if len(self._forward_starts) > KEPT_FORWARDS:
+                del self._forward_starts[0]
+                drop = bisect.bisect_left(self._start_values, self._forward_starts[0])
+                del self._starts[:drop], self._intervals[:drop], self._start_values[:drop]
+
+    def sorted_forward(self):
+        """The module calls of the last forward (those filed since the
+        previous one was sorted in; it is sorted in now), as
+        (start, end, path, module, call, counts), the lowest start among
+        them, and the highest end of the calls before it (None: there were
+        none)."""
+        with self._lock:
+            if self._new:
+                self._sort_in()
+            return self.forward, self.forward_start, self.before_forward
 
     def attribute_all(self, seqs):
         """(path, module, call) of the innermost call that created the node
@@ -214,7 +248,7 @@ class ModuleCalls:
         with self._lock:
             if self._new:
                 self._sort_in()
-            starts, intervals, calls = self._start_values, self._intervals, self._calls
+            starts, intervals = self._start_values, self._intervals
             # A node that produces for several slots is asked once (the
             # number None, of a root or a leaf, belongs to no call).
             known = {None: None}
@@ -227,9 +261,9 @@ class ModuleCalls:
                     # before seq, the first that has not ended yet is the innermost.
                     while i > 0:
                         i -= 1
-                        start, end, path, module, call = intervals[i]
+                        start, end, path, module, call, counts = intervals[i]
                         if seq < end:
-                            where = (path, module, call if calls.get(id(module), 1) > 1 else None)
+                            where = (path, module, call if counts[id(module)] > 1 else None)
                             break
                     known[seq] = where
                 found.append(where)

@@ -8,7 +8,9 @@ from .table import natural, render
 __all__ = ["AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice", "DropInAdvice", "account"]
 
 
-@dataclass(slots=True)  # no __dict__: one is made per producer per backward
+# No __dict__ (one is made per producer of a backward that is described) and
+# frozen: the reports of backwards of one structure share them (__init__.py).
+@dataclass(slots=True, frozen=True)
 class ProducerAdvice:
     """One producer of a slot: the op (autograd node) or custom Function
     whose backward returns a gradient for it, the module that made it
@@ -57,6 +59,11 @@ class SlotAdvice:
     avoidable_bytes: int = 0
     avoidable_peak_bytes: int = 0
     tied: list = field(default_factory=list)  # other names of a tied parameter
+    # The described producers this slot's list was made from, and those of
+    # every backward merged in: a block over many steps lists each producer
+    # once (compared by identity where a described graph repeats, by value
+    # otherwise), so its report stays as long as one step's.
+    origins: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def drop_in(self):
@@ -64,7 +71,11 @@ class SlotAdvice:
         return ", ".join(names) or None
 
     def merge(self, other):
-        self.producers += other.producers
+        origins = other.origins
+        if not origins or not any(o is origins[0] for o in self.origins):
+            known = set(self.producers)
+            self.producers += [p for p in other.producers if p not in known]
+            self.origins += origins
         for key in ("fused", "temporaries", "summed_out_of_place", "temporary_bytes",
                     "avoided_bytes", "avoidable_bytes"):
             setattr(self, key, getattr(self, key) + getattr(other, key))

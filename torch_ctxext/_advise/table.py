@@ -83,11 +83,22 @@ def _do_this(report):
     if report.avoidable_bytes:
         kinds = collections.Counter(d.drop_in for d in drop_ins if d.avoidable_bytes)
         what = ", ".join(f"{n} x {name}" for name, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-        return (f"do this: torch_ctxext.nn.fuse(model) saves {fmt_bytes(report.avoidable_bytes)} per step"
+        return (f"do this: torch_ctxext.nn.fuse(model) saves {_per_step(report, report.avoidable_bytes)}"
                 + (f": {what}" if what else ""))
     if report.avoided_bytes:
-        return f"fused: the drop-ins avoided {fmt_bytes(report.avoided_bytes)} this step; nothing more to swap"
+        return (f"fused: the drop-ins avoided {_per_step(report, report.avoided_bytes)}; "
+                "nothing more to swap")
     return "nothing to do: no drop-in would save anything in this step"
+
+
+def _per_step(report, nbytes):
+    """Bytes of one backward ("per step"), or of a block's several backwards
+    (a block kept open over many steps, or micro-batches each with its own
+    backward): the total, and what each backward saves on average."""
+    if report.backwards <= 1:
+        return f"{fmt_bytes(nbytes)} per step"
+    return (f"{fmt_bytes(nbytes)} over {report.backwards} backwards "
+            f"({fmt_bytes(nbytes // report.backwards)} per backward)")
 
 
 MAX_ROWS = 12  # tensors listed at a width; the others are summed in one line
