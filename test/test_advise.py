@@ -217,7 +217,7 @@ def test_a_block_kept_open_keeps_the_calls_of_its_last_forwards_only():
         calls = torch_ctxext._advise.engine._sessions[-1]._calls
         for _ in range(3 * modules.KEPT_FORWARDS):
             sum(layer(torch.randn(2, 3)).sum() for _ in range(2)).backward()
-            assert len(calls._intervals) <= 2 * modules.KEPT_FORWARDS
+            assert sum(len(forward) for forward, _ in calls._kept) <= 2 * modules.KEPT_FORWARDS
     assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2"]
 
 
@@ -397,3 +397,15 @@ def test_a_described_graph_is_described_afresh_when_what_its_names_read_changed(
         assert slot["name"] == "embedding.weight"
         assert {p["module"] for p in slot["producers"]} == {"embedding#1", "embedding#2"}
     assert after != before
+
+
+def test_a_block_kept_open_over_a_graph_that_changes_every_step_stays_bounded():
+    layer = torch.nn.Linear(3, 3)
+    uses = [2 + step % 10 for step in range(30)]  # ten structures: more than a model's descriptions kept
+    with torch_ctxext.advise(layer) as report:
+        for n in uses:
+            sum(layer(torch.randn(2, 3)).sum() for _ in range(n)).backward()
+    weight = report["weight"]
+    assert report.backwards == 30 and weight.temporaries == sum(n - 1 for n in uses)
+    assert sorted(p.module for p in weight.producers) == sorted(f"Linear#{i}" for i in range(1, 12))
+    assert len(weight.origins) <= 8

@@ -107,7 +107,7 @@ class Slot:
     whose tensor is ``leaf``); ``grad_bytes`` its gradient's size, where
     the consumer's metadata says (else the first gradient's)."""
 
-    def __init__(self, index, consumer, nr, producers, op, seq, grad_bytes, holds_nodes=True):
+    def __init__(self, index, consumer, nr, producers, op, seq, grad_bytes, holds_nodes=True, leaf=None):
         self.index = index
         self.consumer = consumer
         self.nr = nr
@@ -115,7 +115,7 @@ class Slot:
         self.seq = seq
         self.leaf = None
         if seq is None:
-            self.leaf = leaf = consumer.variable
+            self.leaf = leaf = consumer.variable if leaf is None else leaf
             grad_bytes = leaf.numel() * leaf.element_size()
         self.grad_bytes = grad_bytes
         self.producers = producers
@@ -147,10 +147,10 @@ class Slot:
                 producers.append((function_name(node), node._sequence_nr(), node, position))
             else:
                 producers.append((node.name(), node._sequence_nr(), node, position))
-        leaf = getattr(consumer, "variable", None)
+        leaf = getattr(consumer, "variable", None)  # read once: an AccumulateGrad's tensor
         seq = None if leaf is not None else consumer._sequence_nr()
         return cls(index, consumer, nr, producers, consumer.name(), seq,
-                   None if leaf is not None else _metadata_bytes(consumer, nr))
+                   None if leaf is not None else _metadata_bytes(consumer, nr), leaf=leaf)
 
     def arrive(self, producer, gradient, kind=None, stock_view=False):
         if gradient is None:
@@ -364,18 +364,24 @@ class Backward:
 
 def _shape(slots):
     """The lowest node number of the slots and their producers (None where
-    none has one), and per slot (in order) its op, input number, node number
-    and its producers' ops and node numbers, numbers less the lowest: equal
-    for two backwards of graphs built alike."""
+    none has one), and per slot (in order) its op, input number, node
+    number and number of producers, then each producer's op and node number,
+    numbers less the lowest, in one flat tuple: equal for two backwards of
+    graphs built alike. (Flat: hashing and comparing it after the engine's
+    backward touches a few contiguous lines, not a tuple per producer.)"""
     seqs = [seq for slot in slots for _, seq, _, _ in slot.producers if seq is not None]
     seqs += [slot.seq for slot in slots if slot.seq is not None]
     if not seqs:
         return None, None
     low = min(seqs)
-    return low, tuple([
-        (slot.op, slot.nr, None if slot.seq is None else slot.seq - low,
-         tuple([(op, None if seq is None else seq - low) for op, seq, _, _ in slot.producers]))
-        for slot in slots])
+    flat = []
+    add = flat.append
+    for slot in slots:
+        flat += (slot.op, slot.nr, None if slot.seq is None else slot.seq - low, len(slot.producers))
+        for op, seq, _, _ in slot.producers:
+            add(op)
+            add(None if seq is None else seq - low)
+    return low, tuple(flat)
 
 
 def _python_slots(roots, input_edges):

@@ -12,7 +12,6 @@ holds its number. Node numbers only ever grow, so reading them changes no
 order the engine sees.
 """
 import bisect
-import itertools
 import operator
 import threading
 
@@ -23,7 +22,7 @@ __all__ = ["ModuleCalls", "ParameterNames"]
 _probe = threading.local()
 _first = operator.itemgetter(0)
 _UNKNOWN = object()
-KEPT_FORWARDS = 8  # forwards whose module calls a block keeps (ModuleCalls._sort_in)
+KEPT_FORWARDS = 8  # forwards whose module calls a block keeps (ModuleCalls._close_forward)
 _peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
 
 
@@ -120,18 +119,17 @@ class ModuleCalls:
         for path, module in modules:
             self.paths.setdefault(id(module), path)
             self._modules[id(module)] = module
-        self._starts = []  # sorted (start, -end, -order) keys: an outer call of
-        # the same interval sorts before the inner one, which returned first ...
-        self._intervals = []  # ... and (start, end, path, module, call, counts), in that order
-        # (counts: id(module) -> calls of it in that interval's forward)
-        self._start_values = []  # each interval's start
-        self._new = []  # (start, end, module) of the calls not sorted in yet
-        self.forward = ()  # the intervals of the last forward sorted in, as filed
-        self.forward_start = None  # the lowest start of its intervals
-        self._forward_starts = []  # that of each forward whose calls are kept, oldest first
-        self.before_forward = None  # the highest end of the intervals sorted in before it
+        self._new = []  # (start, end, module) of the calls filed since the last forward was closed
+        # The last forwards' calls, oldest first, each (start, end, path,
+        # module, call, counts) in the order filed (counts: id(module) ->
+        # calls of it in that forward), with the highest end among them.
+        self._kept = []
+        self._intervals = None  # all kept calls, sorted (_sorted), or None: not yet
+        self._start_values = []  # their starts
+        self.forward = ()  # the calls of the last forward closed, as filed
+        self.forward_start = None  # the lowest start among them
+        self.before_forward = None  # the highest end of the kept calls before them
         self._lock = threading.Lock()
-        self._order = itertools.count()
         self.timed = {}  # id(module) -> path, of the modules the wrapper times (hooks time the others)
         self._classes = ()  # the classes this block wrapped (or joined)
         self._handles = []  # the hooks of modules whose class it could not wrap
@@ -177,8 +175,8 @@ class ModuleCalls:
 
     def filed(self, start, end, module):
         with self._lock:
-            # Numbered and sorted in when a node is first attributed (after
-            # the forwards): one sort per backward, not an insertion per call.
+            # Numbered when the next backward is observed (after the
+            # forwards), sorted only if it is described: not per call.
             self._new.append((start, end, module))
 
     def _pre(self, module, args):
@@ -194,50 +192,52 @@ class ModuleCalls:
         if stack:
             self.filed(stack.pop()[1], _counter(), module)
 
-    def _sort_in(self):
-        new = []
+    def _close_forward(self):
+        """Number the calls filed since the last forward was closed (per
+        module, in the order they returned) and keep them as this forward's;
+        a block keeps its last KEPT_FORWARDS forwards only (a graph older
+        than that is named by its ops alone), so what it holds stays bounded
+        however long it runs. Sorting them for attribution waits until a
+        backward is described (``attribute_all``): a described graph that
+        repeats needs none."""
         counts = {}  # this forward's calls per module, read at attribution
-        for start, end, module in self._new:  # in the order the calls returned
+        forward = []
+        for start, end, module in self._new:
             call = counts[id(module)] = counts.get(id(module), 0) + 1
             if start is not None and end is not None:
-                new.append(((start, -end, -next(self._order)),
-                            (start, end, self.paths.get(id(module), "?"), module, call, counts)))
-        self.before_forward = max((interval[1] for interval in self._intervals), default=None)
-        self.forward = tuple(interval for _, interval in new)
-        self.forward_start = min((interval[0] for interval in self.forward), default=None)
-        new.sort(key=_first)
-        if new and self._starts and new[0][0] < self._starts[-1]:
-            # A call that began before the last one sorted in (another
-            # thread's, or an outer call still running then): sort all.
-            new += zip(self._starts, self._intervals)
-            new.sort(key=_first)
-            self._starts, self._intervals, self._start_values = [], [], []
-        # Otherwise (a block over many steps: each backward's forward began
-        # after the last one's) the new calls go after the rest, and each
-        # backward sorts only its own.
-        self._starts += [key for key, _ in new]
-        self._intervals += [interval for _, interval in new]
-        self._start_values += [key[0] for key, _ in new]  # for bisect, as plain ints
+                forward.append((start, end, self.paths.get(id(module), "?"), module, call, counts))
         self._new = []
-        # A block kept open over many steps keeps the calls of its last
-        # KEPT_FORWARDS forwards only (a graph older than that is named by
-        # its ops alone): its memory stays bounded however long it runs.
-        if self.forward_start is not None:
-            self._forward_starts.append(self.forward_start)
-            if len(self._forward_starts) > KEPT_FORWARDS:
-                del self._forward_starts[0]
-                drop = bisect.bisect_left(self._start_values, self._forward_starts[0])
-                del self._starts[:drop], self._intervals[:drop], self._start_values[:drop]
+        self.before_forward = max((end for _, end in self._kept), default=None)
+        self.forward = tuple(forward)
+        self.forward_start = min((interval[0] for interval in forward), default=None)
+        if forward:
+            self._kept.append((self.forward, max(interval[1] for interval in forward)))
+            del self._kept[:-KEPT_FORWARDS]
+            self._intervals = None
+
+    def _sorted(self):
+        """The kept calls sorted by (start, -end, -order): an outer call of
+        the same interval sorts before the inner one, which returned first;
+        and their starts, as plain ints for bisect."""
+        if self._intervals is None:
+            keyed = []
+            for forward, _ in self._kept:
+                for interval in forward:
+                    keyed.append(((interval[0], -interval[1], -len(keyed)), interval))
+            keyed.sort(key=_first)
+            self._intervals = [interval for _, interval in keyed]
+            self._start_values = [interval[0] for interval in self._intervals]
+        return self._start_values, self._intervals
 
     def sorted_forward(self):
         """The module calls of the last forward (those filed since the
-        previous one was sorted in; it is sorted in now), as
+        previous one was closed; it is closed now), as
         (start, end, path, module, call, counts), the lowest start among
         them, and the highest end of the calls before it (None: there were
         none)."""
         with self._lock:
             if self._new:
-                self._sort_in()
+                self._close_forward()
             return self.forward, self.forward_start, self.before_forward
 
     def attribute_all(self, seqs):
@@ -247,8 +247,8 @@ class ModuleCalls:
         found = []
         with self._lock:
             if self._new:
-                self._sort_in()
-            starts, intervals = self._start_values, self._intervals
+                self._close_forward()
+            starts, intervals = self._sorted()
             # A node that produces for several slots is asked once (the
             # number None, of a root or a leaf, belongs to no call).
             known = {None: None}

@@ -31,6 +31,9 @@ class ProducerAdvice:
                 "residual_bytes": self.residual}
 
 
+_ORIGINS_KEPT = 8  # SlotAdvice.origins
+
+
 @dataclass(slots=True)
 class SlotAdvice:
     """A tensor into which one backward accumulated more than one gradient.
@@ -75,7 +78,8 @@ class SlotAdvice:
         if not origins or not any(o is origins[0] for o in self.origins):
             known = set(self.producers)
             self.producers += [p for p in other.producers if p not in known]
-            self.origins += origins
+            # the latest few: a graph that changes every step keeps no more
+            self.origins = (self.origins + origins)[-_ORIGINS_KEPT:]
         for key in ("fused", "temporaries", "summed_out_of_place", "temporary_bytes",
                     "avoided_bytes", "avoidable_bytes"):
             setattr(self, key, getattr(self, key) + getattr(other, key))
