@@ -66,7 +66,12 @@ def advise(model=None):
 
     ``model`` (a ``torch.nn.Module``, optional) gives names, modules and
     drop-ins; without it tensors are named by their ops and shapes and no
-    drop-in is suggested. Blocks nest. A backward the block cannot observe
+    drop-in is suggested. Blocks nest. A block may stay open over a training
+    loop: each forward's module calls are numbered from 1, so the report
+    keeps one step's rows (each producer once) while its bytes add up over
+    the backwards, and what the block holds stays bounded; a graph that
+    repeats one already described is named without describing it again.
+    A backward the block cannot observe
     (an error in the observation itself) is noted in the report, never
     raised into the step.
     """
