@@ -409,3 +409,22 @@ def test_a_block_kept_open_over_a_graph_that_changes_every_step_stays_bounded():
     assert report.backwards == 30 and weight.temporaries == sum(n - 1 for n in uses)
     assert sorted(p.module for p in weight.producers) == sorted(f"Linear#{i}" for i in range(1, 12))
     assert len(weight.origins) <= 8
+
+
+def test_the_descriptions_kept_for_reuse_keep_no_model_alive():
+    import gc
+    import weakref
+
+    from torch_ctxext import _advise
+
+    model = TwiceEmbedded()
+    _twice_embedded_step(model)
+    _twice_embedded_step(model)  # the second step reuses the kept description
+    assert id(model) in _advise._DESCRIBED
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
+    other = TwiceEmbedded()
+    _twice_embedded_step(other)  # a new model's lookup drops the dead one's entries
+    assert all(ref() is not None for ref, _ in _advise._DESCRIBED.values())
