@@ -58,8 +58,11 @@ def first_import(user_env, installed_from_source, tmp_path_factory):
     under_way = glob.glob(str(builds / "*.partial-*"))
     os.killpg(victim.pid, signal.SIGKILL)  # the job's processes, the importer's group
     victim.wait()
-    deadline = time.monotonic() + 60  # the build's supervisor ends the build, removes its directory
-    while (glob.glob(str(builds / "*.partial-*")) or _processes_using(under_way)) and time.monotonic() < deadline:
+    # The build's supervisor ends the build, removes its directory, then exits:
+    # its lock goes with it, a moment after the directory (wait for all three).
+    deadline = time.monotonic() + 60
+    while (glob.glob(str(builds / "*.partial-*")) or _processes_using(under_way) or not _lock_free(builds)) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
     runs["killed"] = {
         "returncode": victim.returncode,
