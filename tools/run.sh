@@ -120,11 +120,8 @@ build_docs() {
     echo "docs built: $out/html/index.html"
 }
 
-python_for() {  # python_for 3.X -> that CPython here (pyenv's, else on PATH)
-    local found
-    found=$(ls -d "$HOME"/.pyenv/versions/"$1".*/bin/python"$1" 2>/dev/null | sort -V | tail -n 1)
-    [ -n "$found" ] || found=$(command -v "python$1") || { echo "no CPython $1 here" >&2; return 1; }
-    echo "$found"
+python_for() {  # python_for 3.X -> that CPython here (tools/find_cpython.py: pyenv's, else on PATH), or one line why not
+    python3 "$root/tools/find_cpython.py" "$1"
 }
 
 venv_dir() {  # venv_dir VERSION [CPYTHON] -> where that venv is cached
@@ -237,6 +234,49 @@ report() {  # report VERSION PYTHON [ENV...]: the conformance report, as JSON in
     sed -n '/^ctx contract conformance on torch/,$p' "$out/check-$version.log"
 }
 
+tested() {  # tested VERSION: whether this run of `test` set up that release (its venv has these sources)
+    if [ "$1" = "$main" ] || [[ " ${ci_releases[*]} " == *" $1 "* ]]; then return 0; fi
+    echo "== skipped: the differential check on $1 (not among TORCH_CTXEXT_CI_RELEASES)"
+    return 1
+}
+
+reference_checks() {  # what needs native $reference ($ref_python): the differential, the stacks, advise without the extension
+    diff_dir=$root/tools/differential
+    PYTHONPATH="$root" "$ref_python" "$diff_dir/run.py" --out "$out/diff-ref.json" >/dev/null 2>&1
+    for version in $main $oldest; do
+        tested "$version" || continue
+        echo "== differential check: the same scenarios on native $reference and on $version + torch_ctxext"
+        TORCH_CTXEXT_IMPORT=1 "$cache/venv-$version/bin/python" "$diff_dir/run.py" --out "$out/diff-$version.json" >/dev/null 2>&1
+        python3 "$diff_dir/run.py" --compare "$out/diff-ref.json" "$out/diff-$version.json" \
+            --allow "$diff_dir/deviations.txt" | tail -n 1
+    done
+    # The accelerator scenarios, on the test device (tools/differential/scenarios_device.py).
+    PYTHONPATH="$root" "$ref_python" "$diff_dir/run.py" --device testdevice --out "$out/diff-device-ref.json" >/dev/null 2>&1
+    for version in $main $oldest; do
+        tested "$version" || continue
+        echo "== differential check on the test device: native $reference and $version + torch_ctxext"
+        TORCH_CTXEXT_IMPORT=1 "$cache/venv-$version/bin/python" "$diff_dir/run.py" --device testdevice \
+            --out "$out/diff-device-$version.json" >/dev/null 2>&1
+        python3 "$diff_dir/run.py" --compare "$out/diff-device-ref.json" "$out/diff-device-$version.json" \
+            --allow "$diff_dir/deviations-device.txt" | sed -n '/^non-None buffers/,$p'
+    done
+    echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile), examples/, advise's report, explain and the drop-ins, native $reference"
+    # Where fusion happens in each stack, and what advise reports, is pinned on
+    # $main + torch_ctxext above; native 2.15 is the reference behaviour, so
+    # the same tests must pass there; and what advise and explain say without
+    # the extension is tested only there.
+    PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
+        --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py" \
+        "$root/test/test_advise_models.py" "$root/test/test_nn.py" "$root/test/test_advise_transformers.py" \
+        "$root/test/test_advise.py" "$root/test/test_explain.py"
+    echo "== advise()'s own C++ watch on native $reference (python -m torch_ctxext build: that watch alone, which only advise() loads): the same report as Python's watch above"
+    PYTHONPATH="$root" "$ref_python" -m torch_ctxext build | tail -n 1
+    PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
+        --rootdir "$root" "$root/test/test_advise_module.py" "$root/test/test_advise_watch.py" \
+        "$root/test/test_advise.py" "$root/test/test_advise_models.py" "$root/test/test_advise_transformers.py" \
+        "$root/test/test_explain.py"
+}
+
 case $job in
 docs)
     build_docs
@@ -245,9 +285,16 @@ check)
     # The conformance report on the CPU: the test device is not built. With
     # a binary wheel for this CPython in dist/ (bash tools/run.sh wheels),
     # it is installed instead of the sources, and nothing is compiled.
-    venv_ready "$default_torch"
-    venv=$cache/venv-$default_torch
-    wheel=$(ls "$root"/dist/torch_ctxext-*-cp311-cp311-*.whl 2>/dev/null | tail -n 1 || true)
+    # CPython 3.11 where it is here (this machine's torch wheel is for it),
+    # else the python3 on PATH if it is 3.10 or newer.
+    read -r _ check_python <<<"$(python3 "$root/tools/find_cpython.py" any)"
+    venv=$(venv_dir "$default_torch" "$check_python")
+    venv_create "$default_torch" "$check_python" "$venv" >&2
+    tag=cp${check_python/./}
+    wheel=""
+    for candidate in "$root"/dist/torch_ctxext-*-"$tag"-"$tag"-*.whl; do
+        [ -e "$candidate" ] && wheel=$candidate
+    done
     if [ -n "$wheel" ]; then
         env $(pip_env "$default_torch") "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" >&2
     else
@@ -293,38 +340,11 @@ test)
     done
     echo "== the compatibility matrix in the docs matches these reports"
     python3 "$root/tools/compat_matrix.py" --check "$out"/check-*.json
-    diff_dir=$root/tools/differential
-    PYTHONPATH="$root" "$ref_python" "$diff_dir/run.py" --out "$out/diff-ref.json" >/dev/null 2>&1
-    for version in $main $oldest; do
-        echo "== differential check: the same scenarios on native $reference and on $version + torch_ctxext"
-        TORCH_CTXEXT_IMPORT=1 "$cache/venv-$version/bin/python" "$diff_dir/run.py" --out "$out/diff-$version.json" >/dev/null 2>&1
-        python3 "$diff_dir/run.py" --compare "$out/diff-ref.json" "$out/diff-$version.json" \
-            --allow "$diff_dir/deviations.txt" | tail -n 1
-    done
-    # The accelerator scenarios, on the test device (tools/differential/scenarios_device.py).
-    PYTHONPATH="$root" "$ref_python" "$diff_dir/run.py" --device testdevice --out "$out/diff-device-ref.json" >/dev/null 2>&1
-    for version in $main $oldest; do
-        echo "== differential check on the test device: native $reference and $version + torch_ctxext"
-        TORCH_CTXEXT_IMPORT=1 "$cache/venv-$version/bin/python" "$diff_dir/run.py" --device testdevice \
-            --out "$out/diff-device-$version.json" >/dev/null 2>&1
-        python3 "$diff_dir/run.py" --compare "$out/diff-device-ref.json" "$out/diff-device-$version.json" \
-            --allow "$diff_dir/deviations-device.txt" | sed -n '/^non-None buffers/,$p'
-    done
-    echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile), examples/, advise's report, explain and the drop-ins, native $reference"
-    # Where fusion happens in each stack, and what advise reports, is pinned on
-    # $main + torch_ctxext above; native 2.15 is the reference behaviour, so
-    # the same tests must pass there; and what advise and explain say without
-    # the extension is tested only there.
-    PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
-        --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py" \
-        "$root/test/test_advise_models.py" "$root/test/test_nn.py" "$root/test/test_advise_transformers.py" \
-        "$root/test/test_advise.py" "$root/test/test_explain.py"
-    echo "== advise()'s own C++ watch on native $reference (python -m torch_ctxext build: that watch alone, which only advise() loads): the same report as Python's watch above"
-    PYTHONPATH="$root" "$ref_python" -m torch_ctxext build | tail -n 1
-    PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
-        --rootdir "$root" "$root/test/test_advise_module.py" "$root/test/test_advise_watch.py" \
-        "$root/test/test_advise.py" "$root/test/test_advise_models.py" "$root/test/test_advise_transformers.py" \
-        "$root/test/test_explain.py"
+    if [ -n "${ref_python:-}" ]; then
+        reference_checks
+    else
+        echo "== skipped: the differential check and the tests on native $reference (not among TORCH_CTXEXT_CI_RELEASES)"
+    fi
     # The binary wheels, as users install them (tools/wheels.py): CPython 3.11
     # with this machine's CPU build of $main, 3.13 with PyPI's (CUDA) build
     # of $main, 3.10 with PyPI's $oldest; the plugin's own tests on 3.13 and 3.10.

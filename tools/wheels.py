@@ -21,7 +21,7 @@ alone, which only advise() loads: torch_ctxext/_ext/advise_module.py), it:
 4. writes one wheel per CPython: the package, each binary under
    ``torch_ctxext/_binaries/<build>/_C.so`` and their manifest
    (``_binaries/manifest.json``: torch version, git hash, C++ ABI, CPython,
-   digest), requiring ``torch>=2.6,<2.16`` and no build tool, tagged with
+   digest), requiring ``torch>=2.6`` (no upper bound: on a newer torch the import is a no-op) and no build tool, tagged with
    the platform ``auditwheel show`` says its binaries need.
 
 ``--verify`` then installs each wheel with each torch into a fresh venv
@@ -47,6 +47,8 @@ import subprocess
 import sys
 import time
 import zipfile
+
+import find_cpython  # beside this file (run as a script, tools/ is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
@@ -74,11 +76,10 @@ def say(text):
 
 
 def interpreter(version):
-    """The path of CPython ``version`` here (pyenv's, else on PATH)."""
-    found = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
-    path = found[-1] if found else shutil.which(f"python{version}")
+    """The path of CPython ``version`` here (tools/find_cpython.py: pyenv's, else on PATH)."""
+    path = find_cpython.find(version)
     if not path:
-        sys.exit(f"wheels: no CPython {version} here (pyenv install {version}, or put python{version} on PATH)")
+        sys.exit(f"wheels: no CPython {version} here (put python{version} on PATH, or pyenv install {version})")
     return path
 
 

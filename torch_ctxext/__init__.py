@@ -9,14 +9,25 @@ The members it adds need its C++ extension, built for the running torch: at
 install where pip could see torch, else by the first import, once, into a
 cache (about 20 s on 2 cores; ``python -m torch_ctxext info`` says which build is
 loaded). If no build can be made here, the import still succeeds, warns once
-saying why, and :func:`features` reports those members unavailable.
+saying why (:class:`ExtensionUnavailableWarning`), :func:`features` reports
+those members unavailable, and using one raises
+:class:`MemberUnavailableError` with the same reason.
+
+On a torch newer than the tested range (2.16, a nightly) the import is a
+no-op with a :class:`NewerTorchWarning`: torch provides the whole contract
+natively from 2.15 on, and a member it lacks there is a regression of torch,
+reported unavailable (``python -m torch_ctxext check`` fails on it), never
+patched by an extension built for engine structures it was not tested with.
 """
 import importlib
 
 from . import _features
-from ._features import features
+from ._features import ExtensionUnavailableWarning, MemberUnavailableError, NewerTorchWarning, features
 
-__all__ = ["advise", "explain", "features", "nn", "testing"]
+__all__ = [
+    "ExtensionUnavailableWarning", "MemberUnavailableError", "NewerTorchWarning",
+    "advise", "explain", "features", "nn", "testing",
+]
 __version__ = "0.1.0"
 
 # The members torch_ctxext can provide, in the order they are installed, and
@@ -29,10 +40,18 @@ _INSTALLERS = (
 
 _features.check_supported_torch()
 _features.record_native()
-if any(_features.lacks(member) for member, _ in _INSTALLERS):
+_missing = [member for member, _ in _INSTALLERS if _features.lacks(member)]
+if _missing and _features.newer_torch():
+    # A regression of a torch newer than the tested range: reported, not
+    # patched (no extension is loaded into a torch it was not tested with).
+    for _member in _missing:
+        _features.UNAVAILABLE[_member] = (
+            f"torch {_features.torch.__version__} is newer than the releases torch_ctxext was tested with "
+            f"and should provide it natively (torch does from {_features.native_from(_member)})"
+        )
+elif _missing:
     from ._ext import loader as _loader
 
-    _missing = [member for member, _ in _INSTALLERS if _features.lacks(member)]
     try:
         _C = _loader.load()  # also set by load(): torch_ctxext._C
     except _loader.ExtensionBuildError as error:
@@ -50,6 +69,8 @@ if any(_features.lacks(member) for member, _ in _INSTALLERS):
                 # Each installer says what it installed, or why it could not.
                 _installed = importlib.import_module(_module, __name__).install(_C)
                 _features.record(_installed, _member)
+# A member that could not be provided says why where it is used.
+_features.mark_unavailable(_missing)
 
 
 # The checker (testing/, thousands of lines), explain(), advise() and the

@@ -33,17 +33,51 @@ def member_of_test_module(filename):
     return name
 
 
+def newer_torch():
+    """Whether the running torch is newer than every tested release."""
+    return _releases.newer(torch.__version__)
+
+
+def native_from(member):
+    """The release from which torch provides ``member`` natively: '2.15'."""
+    return ".".join(map(str, _releases.NATIVE_FROM[member]))
+
+
 def torch_release(version=None):
     """(major, minor) of a torch version string such as '2.13.0+cpu' (the
     running torch's by default)."""
     return _releases.release(version or torch.__version__)
 
 
+class NewerTorchWarning(UserWarning):
+    """The running torch is newer than every release torch_ctxext was tested
+    with: the import patches nothing there (``features()`` says what torch
+    provides; ``python -m torch_ctxext check`` whether it conforms)."""
+
+
 def check_supported_torch():
-    if not _releases.supported(torch.__version__):
+    """Refuse a torch older than the supported range; warn on a newer one.
+
+    On a newer torch (2.16, a nightly) the import succeeds as a no-op: every
+    member torch_ctxext can add is native from 2.15 on, and a member such a
+    torch lacks (a regression) is reported unavailable, for the conformance
+    suite to fail, rather than patched with an extension built for engine
+    structures it was never tested against.
+    """
+    version = torch.__version__
+    if _releases.newer(version):
+        warnings.warn(
+            f"torch_ctxext was tested with torch {_releases.range_text()}; torch {version} is newer. "
+            "It patches nothing on it (torch provides the whole contract natively from 2.15); "
+            "`python -m torch_ctxext check` says whether this torch conforms.",
+            NewerTorchWarning,
+            stacklevel=3,
+        )
+        return
+    if not _releases.supported(version):
         raise ImportError(
             f"torch_ctxext supports torch {_releases.range_text()}, "
-            f"but torch {torch.__version__} is installed. Install a supported "
+            f"but torch {version} is installed. Install a supported "
             f"torch (for example `pip install 'torch{_releases.requirement()}'`)."
         )
 
@@ -82,6 +116,42 @@ class ExtensionUnavailableWarning(UserWarning):
     that need it are unavailable (features() says which, and why)."""
 
 
+class MemberUnavailableError(AttributeError):
+    """A member of the ctx contract that the running torch lacks and
+    torch_ctxext could not provide was used. An ``AttributeError``, so that
+    ``hasattr(ctx, "input_grad_buffers")`` and ``getattr(ctx, name, None)``
+    still say the member is absent; its message names the member, the reason
+    and what to run."""
+
+
+class _Unavailable:
+    """Stands where a member torch_ctxext could not provide would be, so that
+    using it says why (the build's message, what to run) instead of a bare
+    ``'LinearBackward' object has no attribute 'input_grad_buffers'`` far
+    from the import's warning. Reading it on the class or on a ctx raises
+    :class:`MemberUnavailableError`; nothing else changes."""
+
+    def __init__(self, member, reason):
+        self.member = member
+        self.reason = reason
+
+    def __get__(self, instance, owner=None):
+        where = "ctx" if _owner(self.member) is FunctionCtx else "BackwardCFunction"
+        raise MemberUnavailableError(
+            f"{where}.{self.member} is unavailable: torch {torch.__version__} lacks it and "
+            f"torch_ctxext could not provide it: {self.reason}\n"
+            "(`python -m torch_ctxext info` says what this torch provides, and why.)"
+        )
+
+
+def mark_unavailable(members):
+    """Put an :class:`_Unavailable` where each of ``members`` (each in
+    UNAVAILABLE, still absent) would be."""
+    for name in members:
+        if lacks(name) and name in UNAVAILABLE:
+            setattr(_owner(name), name, _Unavailable(name, UNAVAILABLE[name]))
+
+
 def report_unavailable(members, error):
     """Record that ``members`` cannot be provided because of ``error``, and
     say so once."""
@@ -108,7 +178,7 @@ def record_native():
         other = _installed_by_another_copy(name)
         if other:
             OTHER_COPY[name] = other
-        _NATIVE[name] = hasattr(_owner(name), name) and not other
+        _NATIVE[name] = not lacks(name) and not other
 
 
 # This copy of the package: torch_ctxext, or the name a library vendors it under.
@@ -175,7 +245,8 @@ def _owner(name):
 
 def lacks(name):
     """Whether the running torch has no ``name`` yet: neither natively nor
-    from an earlier import of torch_ctxext."""
+    from an earlier import of torch_ctxext (an :class:`_Unavailable`
+    placeholder reads as absent: it raises AttributeError)."""
     return not hasattr(_owner(name), name)
 
 

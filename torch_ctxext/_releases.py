@@ -134,14 +134,25 @@ SUPPORTED_RANGE = (release(RELEASES[0]), release(RELEASES[-1]))
 
 
 def supported(version):
-    """Whether torch ``version`` is in the supported range."""
+    """Whether torch ``version`` is in the supported (tested) range."""
     return SUPPORTED_RANGE[0] <= release(version) <= SUPPORTED_RANGE[1]
 
 
+def newer(version):
+    """Whether torch ``version`` is newer than every tested release (2.16,
+    a nightly ``2.16.0a0+git...``). torch_ctxext imports there as a no-op:
+    every member it can add is native from 2.15 on, and it never loads its
+    extension, which reads engine structures by layout, into a torch it was
+    not tested with."""
+    return release(version) > SUPPORTED_RANGE[1]
+
+
 def requirement():
-    """The supported range as a pip specifier: '>=2.6,<2.16'."""
-    (low_major, low_minor), (high_major, high_minor) = SUPPORTED_RANGE
-    return f">={low_major}.{low_minor},<{high_major}.{high_minor + 1}"
+    """The requirement on torch as a pip specifier: '>=2.6'. No upper
+    bound: on a newer torch the import is a no-op (:func:`newer`), and a
+    bound would make pip downgrade the torch a user already has."""
+    low_major, low_minor = SUPPORTED_RANGE[0]
+    return f">={low_major}.{low_minor}"
 
 
 def range_text():
