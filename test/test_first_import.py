@@ -363,7 +363,7 @@ def test_without_jit_a_missing_build_is_an_import_error_saying_how_to_build(user
         f"{torch.__version__} (git {torch.version.git_version[:12]}), and TORCH_CTXEXT_JIT=0 "
         "forbids building it at import. Looked for a packaged binary (this copy carries none: installed "
         f"from source), then a build in the cache {tmp_path}/builds: none. Install the binary wheel for this "
-        "CPython (pip install torch_ctxext), build it ahead of time with `TORCH_CTXEXT_JIT=1 "
+        "CPython (docs/install.md), build it ahead of time with `TORCH_CTXEXT_JIT=1 "
         f"python -m torch_ctxext build` (into {tmp_path}/builds), or unset TORCH_CTXEXT_JIT "
         "to build it at the next import."
     )

@@ -104,7 +104,7 @@ def _not_built(looked=None):
         f"{torch.__version__} (git {torch.version.git_version[:12]}), and "
         f"{build.ENV_JIT}=0 forbids building it at import. Looked for "
         f"{looked or 'a packaged binary'}, then a build in the cache {build_cache.root()}: none. "
-        f"Install the binary wheel for this CPython (pip install torch_ctxext), build it ahead of time "
+        f"Install the binary wheel for this CPython (docs/install.md), build it ahead of time "
         f"with `{BUILD_AHEAD}` (into {build_cache.root()}), or unset "
         f"{build.ENV_JIT} to build it at the next import."
     )
