@@ -1,53 +1,60 @@
-"""Child processes an import starts and waits for, unseen by the importer's SIGCHLD.
+"""Child processes an import starts and waits for: never a copy of the importer.
 
-An import runs inside someone else's process, whose SIGCHLD is theirs: set
-to ``SIG_IGN`` (the kernel then reaps every child at its exit: ``waitpid``
-fails with ``ECHILD``, which ``subprocess`` reports as status 0, and ninja
-under such a parent cannot wait for its compiles), or handled by a handler
-that reaps whatever exits (``waitpid(-1)``), taking the status the import
-waits for; any handler at all runs for the import's children. None of that
-may break a build or a layout probe, and the importer must not see them.
+An import runs inside someone else's process: a training job of many GB,
+with its own signal handlers, SIGCHLD disposition, threads and thousands of
+fds. Its children (the build, the layout probe) must neither copy it nor
+run its handlers nor keep its fds, and must report their status right
+whatever the importer did to SIGCHLD (``SIG_IGN``: the kernel reaps every
+child at its exit, so ``waitpid`` fails with ``ECHILD``; a handler that
+reaps whatever exits takes the status first).
 
-Linux lets the parent choose the signal a child sends at its exit (the low
-byte of ``clone``'s flags): a child started with none is a "clone child".
-The kernel never reaps one on its own, whatever SIGCHLD's disposition;
-``waitpid(-1)`` and ``waitpid(pid)`` without ``__WALL`` do not see it; it
-signals nobody when it exits. An exec makes it an ordinary child again (the
-kernel resets the exit signal to SIGCHLD at every exec), so :func:`run`
-starts an intermediate with ``clone(0)`` that never execs: it sets SIGCHLD
-back to the default for itself, starts the command with ``posix_spawn``
-(the command is the intermediate's child, so neither the importer's
-disposition nor its handler applies to it), waits for it and writes its
-wait status to a pipe. The importer reads the status there and reaps the
-intermediate itself with ``waitpid(pid, __WALL)``: the status is the
-command's own, and the importer's handlers never run for either.
+:func:`run` starts a small helper, ``child_helper.py``, exec'd at once
+(``posix_spawn``: the kernel shares the importer's memory until the exec
+instead of copying its page tables, and the C library sets every signal
+the importer handles back to the default in the child before anything can
+run a handler). The helper is a fresh interpreter: it starts the command
+with SIGCHLD at its default, waits for it and writes its wait status to a
+pipe the importer reads. So the status comes over the pipe whoever reaps
+the helper; an ignored SIGCHLD or a reaping handler changes nothing. The
+importer's own SIGCHLD handler may run once, for the helper's exit
+(docs/reliability.md).
 
-Between ``clone`` and its exit the intermediate runs only calls prepared
-before the clone (ctypes functions called with the GIL held, whose
-arguments were converted in the parent): no import, and no allocation by
-the C library that another thread of the parent could have held a lock of.
-A command inherits an ignored signal across exec; posix_spawn sets SIGCHLD,
-SIGPIPE, SIGINT, SIGTERM and SIGHUP back to the default and unblocks every
-signal in the command.
+Every fd of the importer is close-on-exec (Python's default) or closed by
+the helper at its start: the helper keeps only the pipes it needs, and the
+command only its stdin, stdout and stderr. Every wait here has a bound and
+a reason in its error, and errors keep their errno. Where ``posix_spawn``
+is refused (a seccomp profile, a platform without it), the helper is
+started with ``subprocess`` instead (:data:`how` says which).
 
 The standard library only: setup.py and the build's own child processes
 load this file by its path.
 """
 import collections
-import ctypes
 import errno
+import json
 import os
-import platform
 import select
 import signal
+import struct
 import sys
 import time
 
-# clone and execve, by machine: the raw system calls, so that the child
-# sends no signal at its exit (glibc's fork() always asks for SIGCHLD).
-_SYSCALLS = {"x86_64": (56, 59), "aarch64": (220, 221)}
-_WALL = 0x40000000  # waitpid: any child, clone children included
-_PR_SET_PDEATHSIG = 1
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_helper.py")
+# child_helper's records on the status pipe: (kind, value).
+STARTED, ENDED, NOT_STARTED = 1, 2, 3
+_RECORD = struct.Struct("=ii")
+# The helper starts in milliseconds; on a machine under load, in seconds.
+HELPER_START_TIMEOUT = 60.0
+# After the command's status came: how long its output may still flow (a
+# process it left behind may hold the pipe open), and how long the helper
+# may take to exit.
+DRAIN_TIMEOUT = 5.0
+EXIT_TIMEOUT = 10.0
+
+# How children are started in this process: "posix_spawn", or "subprocess
+# (posix_spawn refused: ...)" once it was refused here (then it is not
+# tried again). For `python -m torch_ctxext info`.
+how = "posix_spawn"
 
 Finished = collections.namedtuple("Finished", "status signal output")
 Finished.__doc__ = """How a child ended: ``status`` (its exit status, or None
@@ -56,7 +63,8 @@ everything it wrote to stdout and stderr, as text."""
 
 
 class ChildNotStarted(OSError):
-    """The command could not be started (no such file, no memory, ...)."""
+    """The command could not be started (no such file, no memory, ...): its
+    ``errno`` is the one the start failed with."""
 
 
 class ChildTimeout(Exception):
@@ -76,150 +84,122 @@ def default_sigchld():
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
-def _c_strings(values):
-    array = (ctypes.c_char_p * (len(values) + 1))()
-    array[:-1] = [os.fsencode(v) for v in values]
-    array[-1] = None
-    return array
-
-
-class _Prepared:
-    """Everything the intermediate does, converted to C before the clone.
-
-    The intermediate is a clone child (it sends no signal at its exit, and
-    the importer's waitpid(-1) does not see it) that never execs: an exec
-    would make it an ordinary child again (the kernel resets the exit
-    signal to SIGCHLD at every exec). It sets SIGCHLD back to the default
-    for itself, starts the command with posix_spawn (the command is its
-    child: neither the importer's disposition nor its handler applies to
-    it), waits for it, writes its wait status to a pipe and exits."""
-
-    def __init__(self, argv, env, cwd, stdin_fd, stdout_fd, status_fd, close_before, close_after, new_session):
-        libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held in the intermediate
-        self.libc = libc
-        for name in ("syscall", "signal", "prctl", "posix_spawn", "waitpid", "write", "close", "_exit", "chdir"):
-            setattr(self, name.lstrip("_"), getattr(libc, name))
-        self.syscall.restype = ctypes.c_long
-        self.signal.restype = ctypes.c_void_p
-        self.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
-        clone, _ = _SYSCALLS[platform.machine()]
-        self.clone_args = (ctypes.c_long(clone),) + tuple(ctypes.c_long(0) for _ in range(5))
-        self.sigchld = (ctypes.c_int(int(signal.SIGCHLD)), ctypes.c_void_p(0))  # SIG_DFL
-        self.pdeathsig = (ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_long(int(signal.SIGKILL)))
-        self.path = ctypes.c_char_p(os.fsencode(argv[0]))
-        self.argv = _c_strings(argv)
-        self.envp = _c_strings([f"{k}={v}" for k, v in env.items()])
-        self.cwd = ctypes.c_char_p(os.fsencode(cwd)) if cwd is not None else None
-        self.pid = ctypes.c_int(0)
-        self.status = ctypes.c_int(0)
-        self.status_fd = ctypes.c_int(status_fd)
-        self.close_before = [ctypes.c_int(fd) for fd in close_before]
-        self.close_after = [ctypes.c_int(fd) for fd in close_after]
-        self.zero, self.failed = ctypes.c_int(0), ctypes.c_int(127)
-        self.int_size = ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
-        # posix_spawn's file actions and attributes, made here (they allocate).
-        self.actions = ctypes.create_string_buffer(256)  # posix_spawn_file_actions_t (80 bytes in glibc)
-        self.attr = ctypes.create_string_buffer(512)     # posix_spawnattr_t (336 bytes in glibc)
-        _check(libc.posix_spawn_file_actions_init(self.actions), "posix_spawn_file_actions_init")
-        for old, new in ((stdin_fd, 0), (stdout_fd, 1), (stdout_fd, 2)):
-            _check(libc.posix_spawn_file_actions_adddup2(self.actions, old, new), "adddup2")
-        if cwd is not None:  # glibc 2.29: posix_spawn_file_actions_addchdir_np
-            adder = getattr(libc, "posix_spawn_file_actions_addchdir_np", None)
-            if adder is not None:
-                _check(adder(self.actions, os.fsencode(cwd)), "addchdir")
-                self.cwd = None
-        _check(libc.posix_spawnattr_init(self.attr), "posix_spawnattr_init")
-        flags = _POSIX_SPAWN_SETSIGDEF | _POSIX_SPAWN_SETSIGMASK | (_POSIX_SPAWN_SETSID if new_session else 0)
-        sigset = ctypes.create_string_buffer(128)
-        libc.sigemptyset(sigset)
-        _check(libc.posix_spawnattr_setsigmask(self.attr, sigset), "setsigmask")
-        for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            libc.sigaddset(sigset, int(sig))
-        _check(libc.posix_spawnattr_setsigdefault(self.attr, sigset), "setsigdefault")
-        _check(libc.posix_spawnattr_setflags(self.attr, ctypes.c_short(flags)), "setflags")
-        self.sigset = sigset
-
-    def release(self):
-        self.libc.posix_spawn_file_actions_destroy(self.actions)
-        self.libc.posix_spawnattr_destroy(self.attr)
-
-    def in_intermediate(self):
-        """Runs in the intermediate: spawn, wait, say the status. Never returns."""
-        try:
-            self.signal(*self.sigchld)
-            self.prctl(*self.pdeathsig)  # the importer dies: so does this, and the command is told (its own PDEATHSIG)
-            for fd in self.close_before:  # the importer's ends of the pipes
-                self.close(fd)
-            if self.cwd is not None and self.chdir(self.cwd) != 0:
-                self.exit(self.failed)
-            if self.posix_spawn(ctypes.byref(self.pid), self.path, self.actions, self.attr, self.argv, self.envp) != 0:
-                self.exit(self.failed)
-            for fd in self.close_after:  # the command's ends: EOF when the command is done with them
-                self.close(fd)
-            self.write(self.status_fd, ctypes.byref(self.pid), self.int_size)
-            while self.waitpid(self.pid, ctypes.byref(self.status), self.zero) < 0:
-                pass  # EINTR
-            self.write(self.status_fd, ctypes.byref(self.status), self.int_size)
-            self.exit(self.zero)
-        finally:
-            self.exit(self.failed)
-
-
-_POSIX_SPAWN_SETSIGDEF, _POSIX_SPAWN_SETSIGMASK, _POSIX_SPAWN_SETSID = 0x04, 0x08, 0x80
-
-
-def _check(code, what):
-    if code != 0:
-        raise ChildNotStarted(code, f"{what}: {os.strerror(code)}")
-
-
-# How long, at least, no thread of the importer may ask for the GIL around the
-# clone (sys.setswitchinterval): longer than the clone itself takes (it copies
-# the page tables of the whole process: tens of milliseconds for tens of GB).
-_GIL_QUIET_S = 1.0
-
-
-def _spawn(prepared):
-    """clone(0): the intermediate runs ``prepared.in_intermediate``; return its pid.
-
-    The intermediate is a copy of this thread holding the GIL, with the
-    interpreter's state as it was at the clone, and no other thread. Had
-    another thread of the importer asked for the GIL by then (it does after
-    waiting one switch interval), the copy would hand the GIL over at its
-    first bytecode and wait for a thread that does not exist in it, forever
-    (os.fork() clears that state in C, PyOS_AfterFork_Child, before any
-    bytecode runs; a clone made from Python cannot). So no thread may be
-    able to ask during the clone: the switch interval is raised first, then
-    this thread sleeps past the old interval (every wait begun under it ends
-    meanwhile: it took the free GIL or waits again under the new one), and
-    takes the GIL back, which clears any request; a request then needs
-    ``_GIL_QUIET_S`` more. The interval is put back once the clone is done.
-    """
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(max(interval, _GIL_QUIET_S))
-    try:
-        time.sleep(interval + 0.001)
-        pid = prepared.syscall(*prepared.clone_args)
-        if pid == 0:
-            prepared.in_intermediate()  # never returns (nor runs the finally)
-    finally:
-        sys.setswitchinterval(interval)
-    if pid < 0:
-        raise ChildNotStarted(ctypes.get_errno(), f"clone: {os.strerror(ctypes.get_errno())}")
-    return pid
-
-
 def supported():
-    """Whether children can be started unseen here (Linux on x86_64 or aarch64)."""
-    return os.uname().sysname == "Linux" and platform.machine() in _SYSCALLS
+    """Whether children can be started here: a POSIX system whose Python
+    has an interpreter to run the helper with."""
+    return os.name == "posix" and bool(sys.executable) and os.access(sys.executable, os.X_OK)
 
 
-def _reap(pid, options=0):
+def _above_stdio(fd):
+    """``fd`` moved to a number above 4 (close-on-exec), so that the helper's
+    fds 0 to 4 can be set from it in any order, even where the importer had
+    closed its stdin, stdout or stderr and a pipe got one of their numbers."""
+    if fd > 4:
+        return fd
+    import fcntl
+
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 5)
+    os.close(fd)
+    return moved
+
+
+def _pipe():
+    read, write = os.pipe()  # both close-on-exec
+    return _above_stdio(read), _above_stdio(write)
+
+
+def _start_helper(in_read, out_write, spec_read, status_write, new_session, environment):
+    """The helper's pid (it passes ``environment`` on to the command).
+    posix_spawn where allowed, else subprocess."""
+    global how
+    if how == "posix_spawn" and hasattr(os, "posix_spawn"):
+        try:
+            return os.posix_spawn(
+                sys.executable, [sys.executable, "-I", "-S", HELPER, "3", "4"], environment,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, in_read, 0), (os.POSIX_SPAWN_DUP2, out_write, 1),
+                    (os.POSIX_SPAWN_DUP2, out_write, 2), (os.POSIX_SPAWN_DUP2, spec_read, 3),
+                    (os.POSIX_SPAWN_DUP2, status_write, 4),
+                ],
+                # The helper sets its own dispositions; nothing blocked, and
+                # the importer's ignored signals back to the default.
+                setsigdef=[s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)
+                           and signal.getsignal(s) == signal.SIG_IGN],
+                setsigmask=(),
+                setsid=new_session,
+            )
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC):
+                raise ChildNotStarted(e.errno, f"{sys.executable}: {os.strerror(e.errno)}") from None
+            how = f"subprocess (posix_spawn refused: {e.strerror or e})"
+    import subprocess
+
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-I", "-S", HELPER, str(spec_read), str(status_write)],
+            stdin=in_read, stdout=out_write, stderr=out_write, pass_fds=(spec_read, status_write),
+            close_fds=True, start_new_session=new_session, restore_signals=True, env=environment,
+        )
+    except OSError as e:
+        raise ChildNotStarted(e.errno, f"starting {HELPER}: {e.strerror or e} (after: {how})") from None
+    # The helper is reaped here, by pid, not by this object (it would warn
+    # when collected with the helper still running).
+    process.returncode = 0
+    return process.pid
+
+
+class _Status:
+    """Reads the helper's records from the status pipe."""
+
+    def __init__(self, fd):
+        self.fd, self.pending, self.closed = fd, b"", False
+
+    def read(self):
+        """One record, or None at end of file; blocks: call when readable."""
+        while len(self.pending) < _RECORD.size:
+            chunk = os.read(self.fd, _RECORD.size - len(self.pending))
+            if not chunk:
+                self.closed = True
+                return None
+            self.pending += chunk
+        record, self.pending = _RECORD.unpack(self.pending), b""
+        return record
+
+
+def _poll(fds, timeout):
+    """The fds of ``fds`` that are readable (or hung up) within ``timeout``
+    seconds (None: no bound). ``poll``, not ``select``: any fd number."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return [fd for fd, _ in poller.poll(None if timeout is None else max(0, int(timeout * 1000) + 1))]
+
+
+def _reap(pid, deadline):
+    """Reap the helper ``pid`` by ``deadline`` (SIGKILL after it). True if a
+    status was taken here; False where someone else reaped it (the
+    importer's SIGCHLD ignored, or a handler that reaps whatever exits)."""
+    killed = False
     while True:
         try:
-            return os.waitpid(pid, options | _WALL)
-        except InterruptedError:
-            continue
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if done == pid:
+            return True
+        if time.monotonic() > deadline and not killed:
+            _kill(pid, signal.SIGKILL)
+            killed, deadline = True, time.monotonic() + EXIT_TIMEOUT
+        elif killed and time.monotonic() > deadline:
+            raise ChildNotStarted(errno.ETIMEDOUT, f"the helper {pid} did not exit after SIGKILL")
+        time.sleep(0.01)
+
+
+def _kill(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _finished(status, output):
@@ -237,95 +217,101 @@ def run(argv, *, env=None, cwd=None, input=None, timeout=None, on_line=None,
     go to one pipe read here, each line handed to ``on_line`` as it comes
     and all of it returned. ``new_session``: it leads a session of its own
     (a kill of the importer's process group does not reach it). Its
-    SIGCHLD, SIGPIPE, SIGINT, SIGTERM and SIGHUP are the defaults and no
-    signal is blocked, whatever the importer set. If this thread is
-    interrupted while it waits (a KeyboardInterrupt), the command gets
-    ``on_interrupt`` and is reaped before the exception goes on. Raises
-    ChildNotStarted, ChildTimeout (after killing it)."""
+    SIGCHLD, SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGXFSZ are the
+    defaults and no signal is blocked, whatever the importer set; it has
+    no fd of the importer's but those three. If this thread is interrupted
+    while it waits (a KeyboardInterrupt), the command gets ``on_interrupt``
+    and is waited for (bounded) before the exception goes on. Raises
+    ChildNotStarted (with the errno of the failed start), ChildTimeout
+    (after killing it)."""
     if not supported():
-        raise ChildNotStarted(errno.ENOSYS, f"cannot start a child unseen on {platform.machine()}")
+        raise ChildNotStarted(errno.ENOEXEC, f"no Python interpreter to start children with ({sys.executable!r})")
     if not os.path.isabs(argv[0]) or not os.access(argv[0], os.X_OK):
         raise ChildNotStarted(errno.ENOENT, f"{argv[0]!r} is not an executable file")
-    env = dict(os.environ if env is None else env)
     data = input.encode() if isinstance(input, str) else (input or b"")
-    in_read, in_write = os.pipe()
-    out_read, out_write = os.pipe()
-    status_read, status_write = os.pipe()
-    fds = [in_read, in_write, out_read, out_write, status_read, status_write]
-    prepared = None
+    environment = dict(os.environ if env is None else env)
+    fds = []
     try:
-        prepared = _Prepared(list(argv), env, cwd, in_read, out_write, status_write,
-                             [in_write, out_read, status_read], [in_read, out_write], new_session)
-        intermediate = _spawn(prepared)
+        for _ in range(4):
+            fds.extend(_pipe())
+        in_read, in_write, out_read, out_write, spec_read, spec_write, status_read, status_write = fds
+        helper = _start_helper(in_read, out_write, spec_read, status_write, new_session, environment)
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
-    finally:
-        if prepared is not None:
-            prepared.release()
-    for fd in (in_read, out_write, status_write):
+    for fd in (in_read, out_write, spec_read, status_write):
         os.close(fd)
+    spec = {"argv": [os.fsdecode(a) for a in argv], "cwd": cwd, "parent": os.getpid()}
+    status = _Status(status_read)
     command = None
     try:
-        command = _read_int(status_read)
-        if command is None:  # posix_spawn failed in the intermediate
-            _reap(intermediate)
-            raise ChildNotStarted(errno.ENOEXEC, f"{argv[0]!r} could not be started")
-        _feed(in_write, data)
-        in_write = None
-        output = _wait(out_read, timeout, on_line)
-        status = _read_int(status_read)
-        _, ended = _reap(intermediate)
-        if status is None:  # the intermediate was killed: the command dies with it (PDEATHSIG), or was killed too
-            return Finished(None, os.WTERMSIG(ended) if os.WIFSIGNALED(ended) else signal.SIGKILL, output)
-        return _finished(status, output)
+        fd, spec_write = spec_write, None
+        _feed(fd, json.dumps(spec).encode())
+        command = _started(status, helper, out_read, argv)
+        fd, in_write = in_write, None
+        _feed(fd, data)
+        output, ended = _wait(out_read, status, timeout, on_line)
+        _reap(helper, time.monotonic() + EXIT_TIMEOUT)
+        if ended is None:  # the helper was killed (with the importer's group, or by hand): so was the command
+            return Finished(None, signal.SIGKILL, output)
+        return _finished(ended, output)
     except BaseException as e:
         if command is not None:
-            _end(command, signal.SIGKILL if isinstance(e, ChildTimeout) else on_interrupt, intermediate)
+            _end(command, signal.SIGKILL if isinstance(e, ChildTimeout) else on_interrupt, helper, status)
+        else:
+            _kill(helper, signal.SIGKILL)
+            _reap(helper, time.monotonic() + EXIT_TIMEOUT)
         raise
     finally:
-        for fd in (in_write, out_read, status_read):
+        for fd in (spec_write, in_write, out_read, status_read):
             if fd is not None:
                 os.close(fd)
 
 
-def _read_int(fd):
-    data = b""
-    while len(data) < 4:
-        try:
-            chunk = os.read(fd, 4 - len(data))
-        except InterruptedError:
-            continue
+def _started(status, helper, out_read, argv):
+    """The command's pid, once the helper said it started it."""
+    deadline = time.monotonic() + HELPER_START_TIMEOUT
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ChildNotStarted(errno.ETIMEDOUT, f"the helper did not start {argv[0]!r} within "
+                                                   f"{HELPER_START_TIMEOUT:g} s")
+        if status.fd in _poll([status.fd], left):
+            break
+    record = status.read()
+    if record is None:  # the helper died before it could start the command
+        said = _drain(out_read, time.monotonic() + 1.0).strip().splitlines()
+        raise ChildNotStarted(errno.ECHILD, f"the helper ended before it started {argv[0]!r}"
+                                            + (f": {said[-1]}" if said else ""))
+    kind, value = record
+    if kind == NOT_STARTED:
+        raise ChildNotStarted(value, f"{argv[0]!r} could not be started: {os.strerror(value)}")
+    return value
+
+
+def _drain(out_read, deadline):
+    chunks = []
+    while time.monotonic() < deadline and _poll([out_read], deadline - time.monotonic()):
+        chunk = os.read(out_read, 65536)
         if not chunk:
-            return None
-        data += chunk
-    return int.from_bytes(data, "little" if sys.byteorder == "little" else "big", signed=True)
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
 
 
-def _end(command, sig, intermediate):
-    """Send ``sig`` to the command (SIGKILL after 10 s); reap the intermediate."""
-    try:
-        os.kill(command, sig)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            if _reap(intermediate, os.WNOHANG)[0] == intermediate:
-                return
-        except ChildProcessError:
-            return
-        time.sleep(0.05)
-    for pid in (command, intermediate):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        _reap(intermediate)
-    except ChildProcessError:
-        pass
+def _end(command, sig, helper, status):
+    """Send ``sig`` to the command, SIGKILL to it and the helper after
+    EXIT_TIMEOUT; reap the helper."""
+    _kill(command, sig)
+    deadline = time.monotonic() + EXIT_TIMEOUT
+    while not status.closed and time.monotonic() < deadline:
+        if _poll([status.fd], deadline - time.monotonic()):
+            if status.read() is None:
+                break
+    if not status.closed:
+        _kill(command, signal.SIGKILL)
+    _reap(helper, time.monotonic() + EXIT_TIMEOUT)
 
 
 def _feed(in_write, data):
@@ -339,24 +325,43 @@ def _feed(in_write, data):
         os.close(in_write)
 
 
-def _wait(out_read, timeout, on_line):
-    """Read the command's output to its end; return it."""
+def _wait(out_read, status, timeout, on_line):
+    """Read the command's output until it ends; return (its output, its wait
+    status, or None if the helper was killed before it could say it).
+
+    The command has ended when the helper's status pipe closes; its output
+    may then flow for DRAIN_TIMEOUT more (a process it left behind may hold
+    the pipe open: that does not keep the import waiting)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    chunks, pending = [], b""
-    while True:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select([out_read], [], [], left)
-        if not ready:
+    chunks, pending, ended, out_open, drain_until = [], b"", None, True, None
+    while out_open or not status.closed:
+        now = time.monotonic()
+        if status.closed:
+            drain_until = drain_until or now + DRAIN_TIMEOUT
+            if now >= drain_until:
+                break
+            left = drain_until - now
+        elif deadline is not None and now >= deadline:
             raise ChildTimeout(timeout, b"".join(chunks).decode(errors="replace"))
-        chunk = os.read(out_read, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        if on_line is not None:
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                on_line(line.decode(errors="replace"))
+        else:
+            left = None if deadline is None else deadline - now
+        watched = ([out_read] if out_open else []) + ([] if status.closed else [status.fd])
+        ready = _poll(watched, left)
+        if status.fd in ready:
+            record = status.read()
+            if record is not None and record[0] == ENDED:
+                ended = record[1]
+        if out_read in ready:
+            chunk = os.read(out_read, 65536)
+            if not chunk:
+                out_open = False
+                continue
+            chunks.append(chunk)
+            if on_line is not None:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    on_line(line.decode(errors="replace"))
     if on_line is not None and pending:
         on_line(pending.decode(errors="replace"))
-    return b"".join(chunks).decode(errors="replace")
+    return b"".join(chunks).decode(errors="replace"), ended

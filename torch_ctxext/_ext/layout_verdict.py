@@ -170,7 +170,7 @@ import ctypes, importlib.util, json, os, signal
 if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 spec = json.loads(sys.argv[1])
-try:  # ends with child.run's intermediate, which ends with the importer
+try:  # ends with child.run's helper, which ends with the importer
     ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 except (OSError, AttributeError):
     pass

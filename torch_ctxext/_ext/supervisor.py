@@ -4,7 +4,7 @@
 process leads a session of its own (``child.run(new_session=True)``: a kill
 of the importer's process group does not reach it), the kernel sends it
 SIGTERM when its parent dies (PR_SET_PDEATHSIG; its parent is
-``child.run``'s intermediate, which dies with the importer), and it adopts
+``child.run``'s helper, which dies with the importer), and it adopts
 whatever the build leaves behind (PR_SET_CHILD_SUBREAPER). Told to stop
 (SIGTERM, SIGINT, SIGHUP: the importer died or was interrupted), it ends
 ninja, which ends its compiles; kills and reaps whatever is left; removes
@@ -80,7 +80,7 @@ def parent_of(pid):
 
 def become_the_supervisor(importer):
     """Ignore nothing the build needs; end with the importer; adopt orphans."""
-    intermediate = os.getppid()
+    helper = os.getppid()  # child.run's helper; its parent is the importer
     if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:  # inherited: ninja could not wait for its compiles
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
@@ -93,5 +93,5 @@ def become_the_supervisor(importer):
         pass
     for name in ("SIGTERM", "SIGINT", "SIGHUP"):
         signal.signal(getattr(signal, name), end)
-    if os.getppid() != intermediate or parent_of(intermediate) != importer:  # gone already
+    if os.getppid() != helper or parent_of(helper) != importer:  # gone already
         end(signal.SIGTERM, None)
