@@ -36,7 +36,7 @@ Functions from several threads at once.
 """
 from torch.autograd.function import Function
 
-from . import _options, _runner
+from . import _options, _runner, _subject
 from .report import RULES, CheckResult, ContractViolation, FunctionReport, OptOut
 
 __all__ = ["check_function", "FunctionReport", "CheckResult", "ContractViolation", "OptOut", "RULES"]
@@ -75,17 +75,25 @@ def check_function(function, *sample_args, raise_on_failure=True, **options):
     * ``seed``; ``raise_on_failure=False`` returns the report instead of
       raising.
 
+    At least one of ``sample_args`` must be a tensor that requires grad (as
+    for ``torch.autograd.gradcheck``): without one backward never runs and
+    nothing about gradients could be checked, so the Function would pass
+    unchecked.
+
     Returns a :class:`FunctionReport`; raises :class:`ContractViolation` (an
-    AssertionError whose message is the report) when a check fails, and
-    ``TypeError`` for arguments it cannot use. Whatever the Function does,
-    nothing else escapes: an exception of the checker's own is reported as
-    an ``error`` result.
+    AssertionError whose message is the report) when a check fails,
+    ``TypeError`` for arguments of the wrong type (not a Function, an
+    unknown option) and ``ValueError`` for sample arguments of which none
+    requires grad. Whatever the Function does, nothing else escapes: an
+    exception of the checker's own is reported as an ``error`` result.
     """
     if not (isinstance(function, type) and issubclass(function, Function)):
         raise TypeError(
             f"check_function expects a torch.autograd.Function subclass, got {function!r}"
         )
-    report = _runner.run(function, sample_args, _options.parse(options))
+    options = _options.parse(options)
+    _subject.refuse_samples_without_grad(function, sample_args)
+    report = _runner.run(function, sample_args, options)
     if raise_on_failure and not report.passed:
         raise ContractViolation(report)
     return report
