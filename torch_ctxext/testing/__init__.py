@@ -80,13 +80,20 @@ def check_function(function, *sample_args, raise_on_failure=True, **options):
     nothing about gradients could be checked, so the Function would pass
     unchecked.
 
-    Returns a :class:`FunctionReport`; raises :class:`ContractViolation` (an
-    AssertionError whose message is the report) when a check fails,
-    ``TypeError`` for arguments of the wrong type (not a Function, an
-    unknown option) and ``ValueError`` for sample arguments of which none
-    requires grad. Whatever the Function does, nothing else escapes: an
-    exception of the checker's own is reported as an ``error`` result.
+    Returns a :class:`FunctionReport`. Raises :class:`ContractViolation` (an
+    AssertionError) when a check fails: its message starts with the failed
+    rule and what was found, followed by the report; when the check failed
+    because your forward or backward raised, it is raised ``from`` that
+    exception, whose traceback ends at your line, and the report names that
+    line (``File "...", line N, in backward``). Raises ``TypeError`` for
+    arguments of the wrong type (not a Function, an unknown option) and
+    ``ValueError`` for sample arguments of which none requires grad. Whatever
+    the Function does, nothing else escapes: an exception of the checker's
+    own is reported as an ``error`` result.
     """
+    # pytest leaves this frame out of a failure's traceback: what failed is
+    # the report in the message and your code in the cause, not this source.
+    __tracebackhide__ = True
     if not (isinstance(function, type) and issubclass(function, Function)):
         raise TypeError(
             f"check_function expects a torch.autograd.Function subclass, got {function!r}"
@@ -95,5 +102,5 @@ def check_function(function, *sample_args, raise_on_failure=True, **options):
     _subject.refuse_samples_without_grad(function, sample_args)
     report = _runner.run(function, sample_args, options)
     if raise_on_failure and not report.passed:
-        raise ContractViolation(report)
+        raise ContractViolation(report) from report.cause
     return report
