@@ -13,8 +13,10 @@ A test is then one line::
         ctx_contract(MyFunction, torch.randn(4, 3, requires_grad=True), w)
 
 The fixture is :func:`torch_ctxext.testing.check_function`: it returns the
-report, and fails the test with the report (an AssertionError) when a rule of
-the ctx contract is broken. Without the installed entry point (a source
+report, and fails the test with the report (an AssertionError whose first
+line, the one pytest's summary shows, names the failed rule) when a rule of
+the ctx contract is broken; neither its frame nor check_function's is shown
+in the failure (``__tracebackhide__``), your test's line and your code are. Without the installed entry point (a source
 checkout), enable it with ``-p torch_ctxext_pytest``.
 
 It also adds ``--ctx-device`` and ``--ctx-device-module``, which choose the

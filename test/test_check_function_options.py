@@ -93,6 +93,79 @@ def test_options_it_cannot_use_are_refused(options, message):
         check_function(Exp, sample(3), **options)
 
 
+# --- sample arguments it cannot check with ----------------------------------------
+
+
+class Scale(torch.autograd.Function):
+    """y = x * w; w may be a tensor or a number, and need not require grad."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(w if isinstance(w, torch.Tensor) else None)
+        ctx.w = w
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.w, None
+
+
+@pytest.mark.parametrize("args", [
+    (torch.randn(3), torch.randn(3)),                      # floating, without requires_grad
+    (torch.randn(3, dtype=torch.float64), 2.0),
+    (torch.arange(3), torch.arange(3)),                    # integer tensors cannot require grad
+    (torch.randn(3).requires_grad_().detach(), 2.0),       # a detached copy
+], ids=["float", "float64-and-number", "integer", "detached"])
+def test_inputs_of_which_none_requires_grad_are_refused(args):
+    """gradcheck's rule: without an input that requires grad backward never
+    runs, and every gradient rule would be skipped (the Function used to
+    pass, "3 passed, 0 failed", unchecked). Bad input: a ValueError before
+    anything runs, saying what is wrong and what to pass, whatever
+    raise_on_failure says."""
+    for raise_on_failure in (True, False):
+        with pytest.raises(ValueError) as info:
+            check_function(Scale, *args, raise_on_failure=raise_on_failure)
+        message = str(info.value)
+        assert message.startswith("check_function(Scale): none of the sample arguments is a "
+                                  "tensor that requires grad"), message
+        assert "torch.autograd.gradcheck refuses such inputs too" in message
+        assert "requires_grad=True" in message
+
+
+def test_a_tensor_that_requires_grad_inside_a_list_is_named_and_refused():
+    """apply does not see tensors inside a list: no gradient reaches them.
+    The message names the argument and says to pass them separately."""
+
+    class Sum(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, xs):
+            return sum(x.detach() for x in xs)
+
+        @staticmethod
+        def backward(ctx, g):
+            return None
+
+    with pytest.raises(ValueError) as info:
+        check_function(Sum, [sample(3), sample(3, seed=1)])
+    message = str(info.value)
+    assert "input 0 (xs) holds tensors that require grad inside a list, tuple or dict" in message
+    assert "as separate arguments" in message
+
+
+@pytest.mark.parametrize("args", [
+    (sample(3), torch.randn(3)),            # w does not require grad
+    (sample(3), 2.0),                       # w is a number
+    (sample(3), torch.arange(1, 4)),        # w is an integer tensor
+], ids=["float", "number", "integer"])
+def test_inputs_that_require_grad_only_in_part_are_checked(args):
+    """One input that requires grad is enough; the gradients checked are
+    those of the inputs that require grad."""
+    report = check_function(Scale, *args)
+    (gradcheck,) = report.results_for("gradcheck")
+    assert gradcheck.status == "passed", str(report)
+    assert "2 x 3 forwards" in report.gradient_mode  # x only: 3 elements
+
+
 # --- mode, budget, report ------------------------------------------------------------
 
 

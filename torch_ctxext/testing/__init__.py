@@ -36,7 +36,7 @@ Functions from several threads at once.
 """
 from torch.autograd.function import Function
 
-from . import _options, _runner
+from . import _options, _runner, _subject
 from .report import RULES, CheckResult, ContractViolation, FunctionReport, OptOut
 
 __all__ = ["check_function", "FunctionReport", "CheckResult", "ContractViolation", "OptOut", "RULES"]
@@ -75,17 +75,32 @@ def check_function(function, *sample_args, raise_on_failure=True, **options):
     * ``seed``; ``raise_on_failure=False`` returns the report instead of
       raising.
 
-    Returns a :class:`FunctionReport`; raises :class:`ContractViolation` (an
-    AssertionError whose message is the report) when a check fails, and
-    ``TypeError`` for arguments it cannot use. Whatever the Function does,
-    nothing else escapes: an exception of the checker's own is reported as
-    an ``error`` result.
+    At least one of ``sample_args`` must be a tensor that requires grad (as
+    for ``torch.autograd.gradcheck``): without one backward never runs and
+    nothing about gradients could be checked, so the Function would pass
+    unchecked.
+
+    Returns a :class:`FunctionReport`. Raises :class:`ContractViolation` (an
+    AssertionError) when a check fails: its message starts with the failed
+    rule and what was found, followed by the report; when the check failed
+    because your forward or backward raised, it is raised ``from`` that
+    exception, whose traceback ends at your line, and the report names that
+    line (``File "...", line N, in backward``). Raises ``TypeError`` for
+    arguments of the wrong type (not a Function, an unknown option) and
+    ``ValueError`` for sample arguments of which none requires grad. Whatever
+    the Function does, nothing else escapes: an exception of the checker's
+    own is reported as an ``error`` result.
     """
+    # pytest leaves this frame out of a failure's traceback: what failed is
+    # the report in the message and your code in the cause, not this source.
+    __tracebackhide__ = True
     if not (isinstance(function, type) and issubclass(function, Function)):
         raise TypeError(
             f"check_function expects a torch.autograd.Function subclass, got {function!r}"
         )
-    report = _runner.run(function, sample_args, _options.parse(options))
+    options = _options.parse(options)
+    _subject.refuse_samples_without_grad(function, sample_args)
+    report = _runner.run(function, sample_args, options)
     if raise_on_failure and not report.passed:
-        raise ContractViolation(report)
+        raise ContractViolation(report) from report.cause
     return report

@@ -78,6 +78,7 @@ def parse(options):
     """Options from check_function's keyword arguments; TypeError for
     unknown or ill-typed ones (the checker's only exceptions besides
     ContractViolation)."""
+    __tracebackhide__ = True  # pytest shows the caller's line and the message
     options = dict(options)
     result = Options()
     for name in ("atol", "rtol", "eps"):

@@ -228,6 +228,53 @@ class BufferRead:
         return [i for i, ref in self.refs.items() if ref() is not None]
 
 
+def refuse_samples_without_grad(fn, args):
+    """Raise ValueError unless a sample argument is a tensor that requires
+    grad: gradcheck's rule (``torch.autograd.gradcheck`` refuses such
+    inputs too). Without one backward never runs, so every rule about
+    backward and gradients would be skipped and the Function would pass
+    without being checked. A tensor that requires grad inside a list, tuple
+    or dict does not count: ``apply`` passes it to forward as it is, and no
+    gradient flows back to it."""
+    __tracebackhide__ = True  # pytest shows the caller's line and this message
+    if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return
+    names = arg_names(fn, len(args))
+    nested = [names[i] for i, a in enumerate(args) if _holds_grad_tensors(a)]
+    if nested:
+        why = (
+            f"{', '.join(nested)} {'holds' if len(nested) == 1 else 'hold'} tensors that "
+            "require grad inside a list, tuple or dict, but Function.apply treats only "
+            "tensors passed directly as inputs: no gradient flows back to those"
+        )
+        how = "pass those tensors to apply (and to check_function) as separate arguments"
+    else:
+        why = (
+            "none of the sample arguments is a tensor that requires grad, so backward "
+            "never runs and there are no gradients to check"
+        )
+        how = (
+            "pass at least one floating point (or complex) tensor with requires_grad=True, "
+            "as you would in training, e.g. torch.randn(4, 3, dtype=torch.float64, "
+            "requires_grad=True)"
+        )
+    raise ValueError(
+        f"check_function({fn.__qualname__}): {why} (torch.autograd.gradcheck refuses "
+        f"such inputs too): {how}"
+    )
+
+
+def _holds_grad_tensors(value):
+    """A list, tuple or dict (nested any depth) holding a tensor that
+    requires grad."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if not isinstance(value, (list, tuple)):
+        return False
+    return any(isinstance(v, torch.Tensor) and v.requires_grad or _holds_grad_tensors(v)
+               for v in value)
+
+
 def _seeded_states(seed, cuda_devices):
     """[(generator, state after manual_seed(seed))] for the CPU and each device."""
     result = []

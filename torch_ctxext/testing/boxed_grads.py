@@ -66,7 +66,8 @@ def check(subject, report):
             outs = subject.apply(passed)
             subject.backward_with_fresh_grads(outs)
     except Exception as exc:  # noqa: BLE001 - reported elsewhere too
-        report.add(NAME, FAILED, f"backward raised: {error_text(exc)}", fix="see the error")
+        report.add(NAME, FAILED, f"backward raised: {error_text(exc)}", fix="see the error",
+                   exception=exc)
         return
     if not seen:
         report.add(NAME, SKIPPED, "the engine did not call apply_boxed")

@@ -36,7 +36,7 @@ def check(subject, report):
                 "point or complex dtype of the output's kind, None for non-tensor and "
                 "non-differentiable outputs"
             )
-        report.add("forward", FAILED, error_text(exc), fix=fix)
+        report.add("forward", FAILED, error_text(exc), fix=fix, exception=exc)
         return False
     finally:
         subject.recording = False

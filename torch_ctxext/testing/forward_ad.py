@@ -100,6 +100,7 @@ def _report_jvp_raised(subject, report, error):
             "ctx.save_for_forward saved (nothing here)",
             fix="call ctx.save_for_forward(...) in forward (or setup_context) with the "
             "tensors jvp reads, besides ctx.save_for_backward for backward",
+            exception=error.exc,
         )
         report.add("jvp.finite_differences", SKIPPED, "jvp does not run")
         report.add("jvp.matches_backward", SKIPPED, "jvp does not run")
@@ -114,7 +115,7 @@ def _report_jvp_raised(subject, report, error):
                "for a floating point output: torch fails on None there (docs/apply_jvp.md, "
                "caveat)")
     report.add("jvp.finite_differences", FAILED,
-               f"{error.stage} raised: {error_text(error.exc)}", fix=fix)
+               f"{error.stage} raised: {error_text(error.exc)}", fix=fix, exception=error.exc)
     report.add("jvp.matches_backward", SKIPPED, "jvp does not run")
 
 
@@ -142,7 +143,8 @@ def _tangents(subject, report, problem):
             )
         except jac.EvaluationError as error:
             report.add("jvp.finite_differences", FAILED,
-                       f"{error.stage} raised: {error_text(error.exc)}", fix="see the error")
+                       f"{error.stage} raised: {error_text(error.exc)}", fix="see the error",
+                       exception=error.exc)
             return
         against = "finite differences"
         mode = mode.split(" ")[0] + " mode"

@@ -128,7 +128,7 @@ def _first_order(subject, report, problem):
         again = problem.values(stage="forward, run again")
     except jac.EvaluationError as error:
         report.add("gradcheck", FAILED, f"{error.stage} raised: {error_text(error.exc)}",
-                   fix="see the error")
+                   fix="see the error", exception=error.exc)
         return False
     if not all(a.shape == b.shape and same_values(a, b) for a, b in zip(first, again)):
         report.add(
@@ -154,7 +154,7 @@ def _first_order(subject, report, problem):
         fix = _FIX_UNDEFINED if "only" in error.stage else _FIX_RAISED
         report.add("gradcheck", FAILED,
                    f"{error.stage} raised: {error_text(error.exc)}"
-                   + _deviation_note(subject, report, error), fix=fix)
+                   + _deviation_note(subject, report, error), fix=fix, exception=error.exc)
         return False
     _report_mismatches(subject, report, mismatches, _FIX_FIRST_ORDER,
                        lambda out, wrt: f"Jacobian mismatch for {out} with respect to {wrt}")
@@ -181,7 +181,8 @@ def _undefined_gradients(subject, report, problem):
         grads = problem.undefined_vjp(stage)
     except jac.EvaluationError as error:
         report.add("gradcheck", FAILED, f"{error.stage} raised: {error_text(error.exc)}"
-                   + _deviation_note(subject, report, error), fix=_FIX_UNDEFINED)
+                   + _deviation_note(subject, report, error), fix=_FIX_UNDEFINED,
+                   exception=error.exc)
         return False
     for g, i in zip(grads or (), subject.grad_positions):
         if g is not None and bool(g.ne(0).any()):
@@ -205,7 +206,8 @@ def _against_reference(subject, report, problem):
         report.add("reference.matches_forward", FAILED,
                    f"{error.stage} raised: {error_text(error.exc)}",
                    fix="the reference takes the arguments of apply and returns what forward "
-                   "returns (the same number of values, tensors where forward returns tensors)")
+                   "returns (the same number of values, tensors where forward returns tensors)",
+                   exception=error.exc)
         return None
     for m in mismatches:
         k = subject.differentiable_outputs[m.output]
@@ -224,7 +226,7 @@ def _against_reference(subject, report, problem):
         )
     except jac.EvaluationError as error:
         report.add("gradcheck", FAILED, f"{error.stage} raised: {error_text(error.exc)}",
-                   fix="see the error")
+                   fix="see the error", exception=error.exc)
         return False
     _report_mismatches(subject, report, mismatches, _FIX_REFERENCE,
                        lambda out, wrt: f"gradient of {out} with respect to {wrt} differs "
@@ -278,7 +280,7 @@ def _second_order(subject, report, first):
             fix = ("backward changes a tensor in place that double backward tracks (its "
                    "incoming gradient, or a saved tensor): compute new tensors instead")
         report.add("gradgradcheck", FAILED, f"{error.stage} raised: {error_text(error.exc)}",
-                   fix=fix)
+                   fix=fix, exception=error.exc)
         return
     n = len(first.inputs)
     for m in mismatches:

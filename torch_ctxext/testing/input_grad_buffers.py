@@ -108,6 +108,7 @@ def check(subject, report):
                 "backward raised when another consumer's gradient was waiting in "
                 f"the buffer: {error_text(exc)}",
                 subject=name, fix="both paths (buffer exposed, buffer None) must run",
+                exception=exc,
             )
             continue
         for idx in sorted(set(alive_graph + fb_alive_graph)):

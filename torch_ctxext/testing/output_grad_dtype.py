@@ -86,7 +86,8 @@ def check_honoured(subject, report):
         with subject.seeded():
             outs = as_tuple(subject.apply(passed))
     except Exception as exc:  # noqa: BLE001 - reported
-        report.add(name, FAILED, f"forward raised: {error_text(exc)}", fix="see the error")
+        report.add(name, FAILED, f"forward raised: {error_text(exc)}", fix="see the error",
+                   exception=exc)
         return
     roots, grads, expect = [], [], {}
     declared = subject.declared
@@ -113,6 +114,7 @@ def check_honoured(subject, report):
             f"outputs ({dtypes_text([g.dtype for g in grads])}): {error_text(exc)}",
             fix="backward must accept gradients in the declared dtypes; an output "
             "declared None receives its gradient in whatever dtype it arrives",
+            exception=exc,
         )
         return
     if not seen:

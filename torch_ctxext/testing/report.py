@@ -16,6 +16,8 @@ A result has one of five statuses:
 """
 from dataclasses import dataclass, field
 
+from ._common import kept_exception
+
 PASSED, FAILED, SKIPPED, NOTED, ERROR = "passed", "failed", "skipped", "noted", "error"
 STATUSES = (PASSED, FAILED, SKIPPED, NOTED, ERROR)
 _TAGS = {PASSED: "PASS", FAILED: "FAIL", SKIPPED: "SKIP", NOTED: "NOTE", ERROR: "ERROR"}
@@ -36,13 +38,17 @@ def register(rules):
 @dataclass
 class CheckResult:
     """One check: which rule, its status, about what (``subject``), what was
-    found (``detail``) and how to fix it (``fix``)."""
+    found (``detail``) and how to fix it (``fix``). ``exception`` is what the
+    Function (or the reference) raised when that is what was found: its
+    traceback starts at your code (the frame ``detail`` names) and keeps no
+    locals."""
 
     name: str
     status: str
     detail: str = ""
     subject: str | None = None  # "input 0 (x)", "output 1", "input 0 (x), output 0"
     fix: str | None = None
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
     def rule(self):
@@ -120,6 +126,13 @@ class FunctionReport:
         return self.with_status(NOTED)
 
     @property
+    def cause(self):
+        """What your code raised in the first failed check that failed
+        because it raised, or None: the ``__cause__`` of the
+        :class:`ContractViolation`."""
+        return next((r.exception for r in self.failures if r.exception is not None), None)
+
+    @property
     def errors(self):
         """Checks the checker itself could not complete (bugs in torch_ctxext)."""
         return self.with_status(ERROR)
@@ -131,10 +144,14 @@ class FunctionReport:
         """Results of rule ``name``, or of every rule of family ``name``."""
         return [r for r in self.results if r.name == name or r.name.startswith(name + ".")]
 
-    def add(self, name, status, detail="", subject=None, fix=None):
+    def add(self, name, status, detail="", subject=None, fix=None, exception=None):
+        """Add a result; ``exception``: what the user's code raised, if that
+        is what ``detail`` reports."""
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}")
-        result = CheckResult(name, status, detail, subject, fix)
+        if exception is not None:
+            exception = kept_exception(exception)
+        result = CheckResult(name, status, detail, subject, fix, exception)
         self.results.append(result)
         return result
 
@@ -170,8 +187,38 @@ class FunctionReport:
 
 
 class ContractViolation(AssertionError):
-    """A check failed; ``.report`` is the :class:`FunctionReport`."""
+    """A check failed; ``.report`` is the :class:`FunctionReport`.
+
+    The message starts with the first failed rule and what was found
+    (``gradcheck: backward raised: ValueError: ...``), the line pytest's
+    short summary shows, followed by the whole report. When a rule failed
+    because your forward or backward raised, check_function raises this
+    ``from`` that exception (the first such; ``__cause__`` and
+    :attr:`FunctionReport.cause`), whose traceback ends at the line of your
+    code that raised.
+    """
+
+    # Where it is documented and imported from: the name exception
+    # messages and pytest's summary show, torch_ctxext.testing.ContractViolation.
+    __module__ = "torch_ctxext.testing"
 
     def __init__(self, report):
-        super().__init__(str(report))
+        super().__init__(_headline(report) + "\n" + str(report))
         self.report = report
+
+
+def _headline(report):
+    """'rule [subject]: what was found (first line)', and how many other
+    checks failed."""
+    failures = report.failures
+    if not failures:
+        return f"check_function({report.function}): no rule failed"
+    first = failures[0]
+    head = first.name + (f" [{first.subject}]" if first.subject else "")
+    found = (first.detail.strip().splitlines() or [""])[0]
+    head += f": {found}" if found else ""
+    others = failures[1:]
+    if others:
+        names = ", ".join(dict.fromkeys(r.name for r in others))
+        head += f" (and {len(others)} more failed: {names})"
+    return head

@@ -100,9 +100,9 @@ def check(subject, report):
         if problem is None and subject.grad_positions and subject.differentiable_outputs:
             problem = _gradients_differ(subject, batched, in_dims)
         if problem is not None:
-            text, fix = problem
+            text, fix, *raised = problem  # (text, fix, exception) when the Function raised
             report.add(name, FAILED, f"{what} ({kind}): {text}", subject=what,
-                       fix=fix)
+                       fix=fix, exception=raised[0] if raised else None)
             return
     report.add(name, PASSED, f"{kind}; outputs" + (
         " and per-sample gradients" if subject.grad_positions and subject.differentiable_outputs
@@ -124,14 +124,14 @@ def _outputs_differ(subject, call, batched, in_dims):
             warnings.simplefilter("ignore")
             got = torch.func.vmap(call, in_dims=in_dims)(*fresh_copies(batched))
     except Exception as exc:  # noqa: BLE001 - reported
-        return f"torch.func.vmap raised {error_text(exc)}", _FIX
+        return f"torch.func.vmap raised {error_text(exc)}", _FIX, exc
     loop = []
     try:
         for b in range(BATCH):
             with subject.seeded():
                 loop.append(call(*fresh_copies(_per_sample(batched, in_dims, b))))
     except Exception as exc:  # noqa: BLE001 - reported
-        return f"the Function raised on one sample of the batch: {error_text(exc)}", _FIX
+        return f"the Function raised on one sample of the batch: {error_text(exc)}", _FIX, exc
     if len(got) != len(loop[0]):
         return f"{len(got)} tensor outputs batched, {len(loop[0])} per sample", _FIX
     for k, g in enumerate(got):
@@ -166,7 +166,8 @@ def _gradients_differ(subject, batched, in_dims):
     except Exception as exc:  # noqa: BLE001 - reported
         return (f"per-sample gradients (vmap of torch.func.grad) raised {error_text(exc)}",
                 "backward must work on the batched tensors vmap gives it: use torch "
-                "operations only (no .item(), numpy or data-dependent Python control flow)")
+                "operations only (no .item(), numpy or data-dependent Python control flow)",
+                exc)
     for n, i in enumerate(positions):
         rows = []
         for b in range(BATCH):
@@ -177,7 +178,7 @@ def _gradients_differ(subject, batched, in_dims):
                     (g,) = torch.autograd.grad(loss(*args), [args[i]], allow_unused=True)
             except Exception as exc:  # noqa: BLE001 - the gradient rules report it
                 return (f"backward raised on one sample of the batch: {error_text(exc)}",
-                        "see gradcheck")
+                        "see gradcheck", exc)
             rows.append(torch.zeros_like(args[i]) if g is None else g)
         expected = torch.stack(rows)
         if not _close(got[n], expected):
