@@ -428,3 +428,81 @@ def test_the_descriptions_kept_for_reuse_keep_no_model_alive():
     other = TwiceEmbedded()
     _twice_embedded_step(other)  # a new model's lookup drops the dead one's entries
     assert all(ref() is not None for ref, _ in _advise._DESCRIBED.values())
+
+
+def test_a_backward_after_the_block_is_reported_as_none_observed_with_how_to_use_it():
+    model = torch.nn.Linear(3, 3)
+    x = torch.randn(2, 3)
+    with torch_ctxext.advise(model) as report:
+        loss = (model(x) + model(x)).sum()
+    loss.backward()
+    text = str(report)
+    assert report.backwards == 0
+    assert "nothing to do" not in text  # not a verdict on the model: nothing was measured
+    assert text.splitlines()[0] == "torch_ctxext.advise: Linear: no backward ran inside this block, so it measured nothing"
+    assert "        loss.backward()" in text  # the block, its backward inside
+    assert report.notes == ["Linear ran inside the block but no backward did: a backward after the block "
+                            "is not watched; call loss.backward() inside the `with` block"]
+    assert report.as_dict()["notes"] == report.notes
+
+
+def test_a_forward_under_no_grad_is_reported_as_no_graph_to_watch():
+    model = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(model) as report, torch.no_grad():
+        model(torch.randn(2, 3)).sum()
+    assert "nothing to do" not in str(report)
+    assert "no backward ran inside this block" in str(report)
+    (note,) = report.notes
+    assert note.startswith("Linear ran inside the block with gradients off (torch.no_grad() or "
+                           "torch.inference_mode()): it made no graph")
+
+
+def test_a_block_that_ran_nothing_says_so_with_or_without_a_model():
+    with torch_ctxext.advise(torch.nn.Linear(3, 3)) as report:
+        pass
+    assert report.notes == ["neither Linear nor a backward ran inside the block: run the training step, "
+                            "call loss.backward() inside the `with` block"]
+    with torch_ctxext.advise() as report:
+        pass
+    assert report.notes[-1] == "no backward ran inside the block: call loss.backward() inside the `with` block"
+    assert "nothing to do" not in str(report)
+
+
+def test_a_report_read_inside_its_block_before_the_backward_says_none_has_run_yet():
+    model = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(model) as report:
+        before = str(report)
+        model(torch.randn(2, 3)).sum().backward()
+    assert before.splitlines()[0] == ("torch_ctxext.advise: Linear: no backward has run inside this block yet, "
+                                      "so it has measured nothing")
+    assert report.backwards == 1 and "0 backwards" not in str(report)
+
+
+def test_a_backward_that_could_not_be_observed_is_not_reported_as_none_ran(monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(graph.Backward, "__init__", broken)
+    w = torch.randn(3, requires_grad=True)
+    with torch_ctxext.advise() as report:
+        (w * 2 + w.sin()).sum().backward()
+    assert str(report).splitlines()[0] == (
+        "torch_ctxext.advise: no backward inside this block could be observed (the notes say why)")
+    assert report.notes[-1] == "a backward could not be fully observed: ValueError: boom"
+
+
+def test_advise_printed_without_entering_it_says_how_to_use_it():
+    model = torch.nn.Linear(3, 3)
+    for shown in (str(torch_ctxext.advise(model)), repr(torch_ctxext.advise(model))):
+        assert shown.splitlines()[0] == "torch_ctxext.advise(Linear) watches nothing until used as a `with` block"
+        assert "    with torch_ctxext.advise(model) as report:" in shown
+        assert "        loss.backward()" in shown  # inside the block
+    assert str(torch_ctxext.advise()).startswith("torch_ctxext.advise() watches nothing until used")
+
+
+def test_advise_entered_prints_its_report():
+    model = torch.nn.Linear(3, 3)
+    block = torch_ctxext.advise(model)
+    with block as report:
+        model(torch.randn(2, 3)).sum().backward()
+    assert str(block) == str(report) and repr(block) == repr(report)

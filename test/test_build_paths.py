@@ -207,3 +207,80 @@ def test_progress_names_each_compiled_source_even_under_a_path_with_a_space(tmp_
     what = [line.split("] ", 1)[1] for line in shown]
     assert sorted(what[:-1]) == sorted(f"compiled {name}.cpp" for name, _ in units)
     assert what[-1] == "linked _C.so"
+
+
+# --------------------------------------------------------------------------
+# A compiler that does not work, as the first import meets it
+# --------------------------------------------------------------------------
+
+
+def _ninja_gives_exit_statuses():
+    """Whether the ninja a build runs prints a failed command's exit status
+    ("FAILED: [code=1] out", ninja 1.12 and later)."""
+    from torch_ctxext._ext import build_child as _child
+
+    version = subprocess.run([_child.find_ninja(), "--version"], capture_output=True, text=True).stdout
+    return tuple(int(n) for n in re.findall(r"\d+", version)[:2]) >= (1, 12)
+
+
+@NEEDS_EXTENSION
+def test_a_compiler_that_fails_without_a_word_is_named_and_no_unit_it_failed_on_is_called_compiled(tmp_path):
+    result = run(FEATURES, TORCH_CTXEXT_CACHE=tmp_path / "cache", CXX="false")
+    steps = [line for line in result.stderr.splitlines() if re.match(r"torch_ctxext: \[\d+/\d+\] ", line)]
+    assert steps and all(re.search(r"\] failed to compile unit_\w+\.cpp$", line) for line in steps), steps
+    reason = next(iter(unavailable(result).values()))
+    assert "ninja: build stopped" not in reason
+    named = re.search(r"the C\+\+ compiler `false` \(from \$CXX\) failed on unit_\w+\.cpp \((csrc/\w+\.cpp(, )?)+\)"
+                      r"(: exit status \d+)? with no output", reason)
+    assert named, reason
+    assert (": exit status 1 " in named.group(0)) == _ninja_gives_exit_statuses()
+    assert "a compiler that fails without saying why does not work (or was killed): install or fix a C++ compiler, or set $CXX to one that works" in reason
+    assert "or install a wheel built for this torch" in reason
+
+
+@NEEDS_EXTENSION
+def test_a_compile_error_names_the_compiler_and_the_unit_with_the_error_it_printed(tmp_path):
+    compiler = failing(tmp_path)
+    result = run(FEATURES, TORCH_CTXEXT_CACHE=tmp_path / "cache", CXX=compiler)
+    reason = next(iter(unavailable(result).values()))
+    assert re.search(rf"the C\+\+ compiler `{re.escape(str(compiler))}` \(from \$CXX\) failed on unit_\w+\.cpp "
+                     r"\(csrc/[^)]*\)(: exit status 1)?: failing-c\+\+: error: this compiler always fails", reason), reason
+    assert "fails without saying why" not in reason  # it said what is wrong with the code
+
+
+@NEEDS_EXTENSION
+@pytest.mark.parametrize("compiler, says", [
+    ("/nonexistent/g++", "no C++ compiler: `/nonexistent/g++` (from $CXX) does not exist; install one"),
+    (os.__file__, f"no C++ compiler: `{os.__file__}` (from $CXX) is not an executable file; install one"),
+    ("no-such-c++", "no C++ compiler: `no-such-c++` (from $CXX) is not on PATH; install one"),
+])
+def test_a_compiler_that_cannot_be_run_is_named_with_why(tmp_path, compiler, says):
+    result = run(FEATURES, TORCH_CTXEXT_CACHE=tmp_path / "cache", CXX=compiler)
+    reason = next(iter(unavailable(result).values()))
+    assert says in reason, reason
+    assert "or install a wheel built for this torch" in reason
+    assert not re.search(r"torch_ctxext: \[\d+/\d+\]", result.stderr)  # nothing was compiled
+
+
+@pytest.mark.parametrize("failed_line, code", [("FAILED: unit_a.o ", None), ("FAILED: [code=3] unit_a.o ", 3)])
+def test_a_step_ninja_calls_failed_is_shown_failed_even_if_it_left_its_file(tmp_path, capsys, failed_line, code):
+    """ninja prints a step's line when it ends, then FAILED; a step whose
+    object is missing is failed at once, one whose object is there (a
+    compiler that wrote it, then failed) is shown again as failed."""
+    import json
+
+    from torch_ctxext._ext import build_child as _child
+
+    (tmp_path / "unit_a.cpp").write_text('#include "/src/csrc/one.cpp"\n#include "/src/csrc/two.cpp"\n')
+    (tmp_path / "unit_a.o").write_bytes(b"")  # written, yet the step fails
+    steps = _child.NinjaSteps(str(tmp_path))
+    command = "c++ -MMD -MF unit_a.o.d -c unit_a.cpp -o unit_a.o"
+    for line in [f"[1/3] {command}", failed_line, command, "unit_a.cpp:1: error: no", "second line",
+                 "[2/3] c++ -c unit_b.cpp -o unit_b.o", "ninja: build stopped: subcommand failed."]:
+        steps.line(line + "\n")
+    told = [json.loads(line)["progress"] for line in capsys.readouterr().out.splitlines()]
+    assert told == [[1, 3, "compiled unit_a.cpp"], [1, 3, "failed to compile unit_a.cpp"],
+                    [2, 3, "failed to compile unit_b.cpp"]]
+    (failed,) = steps.failed
+    assert failed["what"] == "failed on unit_a.cpp (csrc/one.cpp, csrc/two.cpp)"
+    assert failed["code"] == code and failed["output"] == ["unit_a.cpp:1: error: no", "second line"]

@@ -301,7 +301,7 @@ print(json.dumps({"features": torch_ctxext.features(),
 FAILED_BUILDS = [
     # (case, environment, code run before the import, what the error says)
     ("no-compiler", {"CXX": "/nonexistent/bin/c++"}, "",
-     "no C++ compiler: `/nonexistent/bin/c++` (from $CXX, default c++) is not on PATH"),
+     "no C++ compiler: `/nonexistent/bin/c++` (from $CXX) does not exist"),
     ("no-python-headers", {}, NO_PYTHON_HEADERS,
      "no Python headers: /nonexistent/include/Python.h does not exist; install them (e.g. `apt install python3"),
     ("compile-error", {"CXX": "FAILING"}, "", "failing-c++: error: this compiler always fails"),

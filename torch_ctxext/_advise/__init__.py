@@ -26,6 +26,7 @@ from . import engine
 from .graph import Backward
 from .modules import ModuleCalls, ParameterNames
 from .report import AdviceReport, DropInAdvice, FunctionAdvice, ProducerAdvice, SlotAdvice, account
+from .table import USAGE
 
 __all__ = ["advise", "Advise", "AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice",
            "DropInAdvice"]
@@ -74,6 +75,12 @@ def advise(model=None):
     A backward the block cannot observe
     (an error in the observation itself) is noted in the report, never
     raised into the step.
+
+    Only backwards that run inside the block are observed. A report of
+    none (the backward after the block, a forward only, a forward under
+    ``torch.no_grad()``) says it measured nothing and shows how a block is
+    used, with a note on what it saw instead; ``advise(model)`` printed
+    without being entered says how to use it.
     """
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(
@@ -155,11 +162,46 @@ class Advise:
         engine.exit(self)
         if self._calls is not None:
             self._calls.remove()
+        report = self.report
+        report.closed = True
+        if not report.backwards and not report.failures:
+            report.note(self._why_no_backward())
         return False
+
+    def _why_no_backward(self):
+        """What a block that observed no backward saw instead, as a note:
+        the usual mistakes are a backward after the block and a forward
+        under torch.no_grad() (no graph, so no backward to watch)."""
+        advice = "call loss.backward() inside the `with` block"
+        if self._calls is None:
+            return f"no backward ran inside the block: {advice}"
+        ran, with_grad = self._calls.seen()
+        name = type(self.model).__name__
+        if not ran:
+            return f"neither {name} nor a backward ran inside the block: run the training step, {advice}"
+        if not with_grad:
+            return (f"{name} ran inside the block with gradients off (torch.no_grad() or "
+                    "torch.inference_mode()): it made no graph, so there was no backward to watch; "
+                    "advise a training step, with gradients on")
+        return (f"{name} ran inside the block but no backward did: a backward after the block "
+                f"is not watched; {advice}")
+
+    def __repr__(self):
+        # advise(model) printed instead of entered (or before): it watches
+        # nothing until used as a context manager, so its repr says how.
+        # Entered, it shows what it collected, as its report does.
+        if self.report is not None:
+            return repr(self.report)
+        name = type(self.model).__name__ if self.model is not None else ""
+        return "\n".join([f"torch_ctxext.advise({name}) watches nothing until used as a `with` block",
+                          "around a training step, its backward included:", *USAGE])
+
+    __str__ = __repr__
 
     # --- what the engine patches report (engine.py) -----------------------
 
     def failed(self, error):
+        self.report.failures += 1
         self.report.note(f"a backward could not be fully observed: {type(error).__name__}: {error}")
 
     def function_read(self, name, reasons):

@@ -192,6 +192,14 @@ class ModuleCalls:
         if stack:
             self.filed(stack.pop()[1], _counter(), module)
 
+    def seen(self):
+        """(module calls filed since the last backward was attributed, how
+        many of them ran with gradients on): what a block that observed
+        no backward tells its user it saw (Advise._why_no_backward)."""
+        with self._lock:
+            calls = list(self._new)
+        return len(calls), sum(1 for start, _, _ in calls if start is not None)
+
     def _close_forward(self):
         """Number the calls filed since the last forward was closed (per
         module, in the order they returned) and keep them as this forward's;

@@ -214,11 +214,18 @@ class AdviceReport:
     one line (``report.table(width=None)``: uncut);
     ``report.as_dict()`` the same as plain, JSON-serialisable data;
     ``report[name]`` a slot by its name (``"encoder.fc1.weight"``).
+
+    A report of no backward (``backwards == 0``: the backward ran after the
+    block, or not at all, or the forward ran under ``torch.no_grad()``)
+    says that it measured nothing and how a block is used, not that there
+    is nothing to do; a note says what the block saw instead.
     """
 
     def __init__(self, model_name=None):
         self.model = model_name
         self.backwards = 0
+        self.closed = False  # the block has ended: it will observe no more backwards
+        self.failures = 0  # observations that failed (each noted), a backward's or a custom Function's
         self._slots = {}
         self.functions = {}
         self.drop_ins = {}

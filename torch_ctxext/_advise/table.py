@@ -12,7 +12,16 @@ import collections
 import re
 import textwrap
 
-__all__ = ["fmt_bytes", "render"]
+__all__ = ["fmt_bytes", "render", "USAGE"]
+
+# How a block is used, for the reports that have nothing else to say: one
+# that saw no backward, and an advise() never entered.
+USAGE = [
+    "    with torch_ctxext.advise(model) as report:",
+    "        loss = model(x).sum()",
+    "        loss.backward()        # inside the block: a backward after it is not watched",
+    "    print(report)",
+]
 
 
 def fmt_bytes(n):
@@ -117,7 +126,33 @@ def _tensor(slot, lead, width):
     return [lead + shorten(name, room), " " * len(lead) + _cut(producers, room)]
 
 
+def _nothing_watched(report, width):
+    """The report of a block that observed no backward: every count would
+    be 0 and "nothing to do" would read as a verdict on the model, when the
+    block simply measured nothing. It says so, and how to use it."""
+    model = f"{report.model}: " if report.model else ""
+    if report.failures:
+        what = "no backward inside this block could be observed (the notes say why)"
+    elif report.closed:
+        what = "no backward ran inside this block, so it measured nothing"
+    else:
+        what = "no backward has run inside this block yet, so it has measured nothing"
+    lines = [f"torch_ctxext.advise: {model}{what}",
+             "do this: run the backward inside the block, then print the report:"]
+    if width is not None:
+        lines = [part for line in lines for part in
+                 textwrap.wrap(line, width=width, subsequent_indent="    ", break_on_hyphens=False)]
+    lines += USAGE
+    if report.notes:
+        lines.append("")
+        for n in report.notes:
+            lines += textwrap.wrap(f"note: {n}", width=width or 10 ** 6, subsequent_indent="  ")
+    return "\n".join(lines)
+
+
 def render(report, width=100):
+    if not report.backwards:
+        return _nothing_watched(report, width)
     slots = report.slots
     temporaries = sum(s.temporaries + s.summed_out_of_place for s in slots)
     lines = [

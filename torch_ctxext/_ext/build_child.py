@@ -93,6 +93,28 @@ def compiler():
     return command[0]
 
 
+def compiler_named():
+    """The compiler as a message names it: its command and where it came
+    from ("`false` (from $CXX)", "`c++` (the default; $CXX is not set)")."""
+    cxx = os.environ.get("CXX")
+    if cxx is None:
+        return "`c++` (the default; $CXX is not set)"
+    return f"`{cxx}` (from $CXX)"
+
+
+def compiler_problem():
+    """Why the compiler cannot be run, or None: a command by its path that
+    is not there or not executable, a bare name not on PATH."""
+    command = compiler()
+    if shutil.which(command) is not None:
+        return None
+    if os.sep in command:
+        why = "does not exist" if not os.path.exists(command) else "is not an executable file"
+    else:
+        why = "is not on PATH"
+    return f"no C++ compiler: {compiler_named()} {why}"
+
+
 def find_ninja():
     """ninja on PATH, beside this interpreter (a venv that is not activated),
     or the ninja wheel's own."""
@@ -111,10 +133,10 @@ def find_ninja():
 def missing_tools(target):
     """What a build needs and this machine lacks, one sentence each."""
     problems = []
-    if shutil.which(compiler()) is None:
+    problem = compiler_problem()
+    if problem is not None:
         problems.append(
-            f"no C++ compiler: `{compiler()}` (from $CXX, default c++) is not on PATH; "
-            "install one (e.g. `apt install g++`, `dnf install gcc-c++`, "
+            f"{problem}; install one (e.g. `apt install g++`, `dnf install gcc-c++`, "
             "`conda install gxx`) or point $CXX at it"
         )
     python_h = os.path.join(target.python_include, "Python.h")
@@ -151,12 +173,43 @@ def first_error(log):
     return tail[-1] if tail else "the build stopped without output"
 
 
-def compile_failure(code, log):
-    """The Failed for a ninja that exited with ``code``. Only a deterministic
-    compile error (an error status, and the compiler said ``error:`` about
-    the code) is remembered: anything else (killed by a signal, for memory,
-    the disk full, no diagnostic) may not recur."""
+_OUTPUT_LINES = 3  # of a failed command's output, in the message (the log has all of it)
+
+
+def _failed_step(failed):
+    """What failed, for the message: "the C++ compiler `false` (from $CXX)
+    failed on unit_engine.cpp (csrc/engine_layout.cpp, ...): exit status 1
+    with no output", or with the first lines of what it printed, errors
+    first. ninja 1.12 and later give the exit status; older ninja does not,
+    and then the message has none."""
+    step = failed[0]
+    lines = [line.strip() for line in step["output"] if line.strip()]
+    errors = [line for line in lines if re.search(r"\b(fatal error|error):", line)]
+    shown = (errors + [line for line in lines if line not in errors])[:_OUTPUT_LINES]
+    text = f"the C++ compiler {compiler_named()} {step['what']}"
+    if step["code"] is not None:
+        text += f": exit status {step['code']}"
+    text += (": " + " | ".join(shown)) if shown else " with no output"
+    if len(failed) > 1:
+        text += f" (and {len(failed) - 1} more step{'s' if len(failed) > 2 else ''} failed)"
+    return text
+
+
+def compile_failure(code, log, failed=(), library_missing=False):
+    """The Failed for a ninja that exited with ``code``; ``failed``: the
+    steps ninja said failed (``NinjaSteps.failed``), the first named in the
+    message with its compiler, exit status and first lines of output.
+
+    Only a deterministic compile error (an error status, and the compiler
+    said ``error:`` about the code) is remembered: anything else (killed by
+    a signal, for memory, the disk full, no diagnostic: a compiler that
+    fails without a word, such as CXX=false) may not recur. A step that
+    failed without a diagnostic says to fix the compiler or set $CXX."""
     first = first_error(log)
+    what = _failed_step(failed) if failed else first
+    if library_missing and not failed:
+        what = (f"the C++ compiler {compiler_named()} exited with status 0 but wrote no {LIBRARY}; "
+                "install or fix a C++ compiler, or set $CXX to one that works")
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -166,13 +219,20 @@ def compile_failure(code, log):
     elif _NOT_THE_CODE.search(first):
         why = "the compiler was killed or ran out of resources, not stopped by an error in the code"
     elif code > 0 and re.search(r"\b(fatal error|error):", first):
-        return Failed(first, log, remembered=True, note=(
+        if failed and first not in what:  # the first error of another step than the first failed
+            what += f" ({first})"
+        return Failed(what, log, remembered=True, note=(
             "This is a compile error: it is recorded, and later imports report it "
             f"without compiling until `{REBUILD}`."
         ))
     else:
         why = "the build stopped without a compile error"
-    return Failed(first, log, note=f"This failure may not recur ({why}), so it is not recorded: the next import builds again.")
+        if failed:
+            # No diagnostic and no signal: `false`, a wrapper script that
+            # cannot run its compiler, a compiler killed without a word.
+            what += ("; a compiler that fails without saying why does not work (or was killed): "
+                     "install or fix a C++ compiler, or set $CXX to one that works")
+    return Failed(what, log, note=f"This failure may not recur ({why}), so it is not recorded: the next import builds again.")
 
 
 def write_log_header(log, spec, target, ninja):
@@ -195,16 +255,101 @@ def write_log_header(log, spec, target, ninja):
 # --------------------------------------------------------------------------
 
 
-def _describe(command):
-    """What a ninja step did: "compiled <source>" or "linked _C.so"."""
+def _describe(command, failed=False):
+    """What a ninja step did: "compiled <source>" or "linked _C.so", or,
+    ``failed``, "failed to compile <source>" or "failed to link _C.so"."""
     try:
         words = shlex.split(command)
     except ValueError:  # an unbalanced quote: not a command we wrote
         words = command.split()
     for flag, argument in zip(words, words[1:]):
         if flag == "-c":
-            return f"compiled {os.path.basename(argument)}"
-    return f"linked {LIBRARY}"
+            return f"{'failed to compile' if failed else 'compiled'} {os.path.basename(argument)}"
+    return f"failed to link {LIBRARY}" if failed else f"linked {LIBRARY}"
+
+
+def _output_of(command):
+    """The file a step's command writes (its ``-o``), or None."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    for flag, argument in zip(words, words[1:]):
+        if flag == "-o":
+            return argument
+    return None
+
+
+def _members(unit):
+    """The sources a generated translation unit includes, as csrc/<name>
+    (sources.write_units), or [] where it cannot be read."""
+    try:
+        with open(unit, errors="replace") as f:
+            return ["csrc/" + os.path.basename(m) for m in re.findall(r'^#include "([^"]+)"', f.read(), re.M)]
+    except OSError:
+        return []
+
+
+# ninja's line for a step that failed: "FAILED: out" (ninja 1.11 and before),
+# "FAILED: [code=1] out" (1.12 and later: the command's exit status).
+_FAILED = re.compile(r"^FAILED: (?:\[code=(-?\d+)\] )?(.*?)\s*$")
+
+
+class NinjaSteps:
+    """ninja's output (-v, on a pipe), line by line: each step as it ends,
+    told to the importer as compiled or failed, and the steps that failed,
+    with the command's exit status where ninja gives it and its output.
+
+    On a pipe ninja prints a step's "[done/total] command" line when the
+    step has ended, then, if it failed, "FAILED: out", the command again,
+    and its output. So a step's line alone does not say whether it failed:
+    the file it writes does (the directory is fresh: nothing is left from
+    an earlier build, and a compiler that fails writes no object). A step
+    whose file is there but that ninja then calls FAILED is told again, as
+    failed."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.failed = []  # {"what", "command", "code", "output"} per failed step, in order
+        self._last = None  # (done, total, command, told failed) of the step whose line came last
+        self._collecting = None  # the failed step whose output lines are coming
+
+    def line(self, line):
+        text = line.rstrip("\n")
+        step = _STEP.match(text)
+        if step:
+            self._collecting = None
+            done, total, command = int(step.group(1)), int(step.group(2)), step.group(3)
+            output = _output_of(command)
+            missing = output is not None and not os.path.exists(os.path.join(self.directory, output))
+            self._last = (done, total, command, missing)
+            tell(progress=[done, total, _describe(command, failed=missing)])
+            return
+        failed = _FAILED.match(text)
+        if failed and self._last is not None:
+            done, total, command, told = self._last
+            if not told:
+                tell(progress=[done, total, _describe(command, failed=True)])
+            what = _describe(command, failed=True).replace("failed to compile", "failed on", 1)
+            if what.startswith("failed on "):
+                members = _members(os.path.join(self.directory, what[len("failed on "):]))
+                if members:
+                    what += f" ({', '.join(members)})"
+            self._collecting = {"what": what, "command": command,
+                                "code": int(failed.group(1)) if failed.group(1) is not None else None,
+                                "output": [], "echoed": False}
+            self.failed.append(self._collecting)
+            self._last = None
+            return
+        collecting = self._collecting
+        if collecting is None:
+            return
+        if text.startswith("ninja: "):  # ninja's own last words ("build stopped")
+            self._collecting = None
+        elif not collecting["echoed"] and text.strip() == collecting["command"].strip():
+            collecting["echoed"] = True  # the command, printed again after FAILED
+        else:
+            collecting["output"].append(text)
 
 
 def run_ninja(partial, target, log):
@@ -223,15 +368,14 @@ def run_ninja(partial, target, log):
             command, cwd=partial, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
         )
+        steps = NinjaSteps(partial)
         for line in ninja.stdout:
             out.write(line)
             out.flush()
-            step = _STEP.match(line)
-            if step:
-                tell(progress=[int(step.group(1)), int(step.group(2)), _describe(step.group(3))])
+            steps.line(line)
         code = ninja.wait()
     if code != 0 or not os.path.isfile(os.path.join(partial, LIBRARY)):
-        raise compile_failure(code, log)
+        raise compile_failure(code, log, [dict(f) for f in steps.failed], library_missing=code == 0)
 
 
 def import_torch(path, torch_file, result):
