@@ -82,12 +82,14 @@ class ExtensionUnavailableWarning(UserWarning):
     that need it are unavailable (features() says which, and why)."""
 
 
-def report_unavailable(members, error):
+def report_unavailable(members, error, warn=True):
     """Record that ``members`` cannot be provided because of ``error``, and
-    say so once."""
+    say so once (``warn``; the command line's ``info`` says it itself)."""
     for name in members:
         UNAVAILABLE[name] = str(error)
-    warnings.warn(str(error), ExtensionUnavailableWarning, stacklevel=3)
+    if warn:
+        # stacklevel: past _install_members, _install and the package, to the import.
+        warnings.warn(str(error), ExtensionUnavailableWarning, stacklevel=5)
 
 
 # Members another copy of torch_ctxext (vendored by a library under another
