@@ -199,7 +199,9 @@ setup(
     # The pytest plugin is a module of its own, outside the package: pytest
     # loads it in every run, and importing the package would patch torch.
     py_modules=["torch_ctxext_pytest"],
-    package_data={"torch_ctxext": ["py.typed"]},
+    # conformance/suite.ini: the suite's own pytest configuration, which
+    # `python -m torch_ctxext check` runs it with (not the caller's).
+    package_data={"torch_ctxext": ["py.typed", "conformance/suite.ini"]},
     python_requires=">=3.10",
     # ninja: the build at first import (torch.utils.cpp_extension needs it).
     install_requires=[requires_torch, "ninja"],

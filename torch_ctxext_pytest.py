@@ -29,6 +29,15 @@ or torch_ctxext's own test device) has that module imported here, at
 configure time: before anything in the run can start the autograd engine,
 which starts no thread for a backend registered after the first backward().
 (Importing torch_ctxext runs no backward: it may come before or after.)
+
+A run whose only targets are the conformance suite (``pytest --pyargs
+torch_ctxext.conformance``, or one of its modules) loads no conftest.py of
+the directory it is run from, nor of that directory's parents: a project's
+autouse fixture (seeding, a default dtype or device) would change what the
+suite checks, and the failures would blame torch. The suite's report header
+says whether the run was isolated (an ini file found in the caller's
+directory still applies: ``python -m torch_ctxext check`` runs the suite with
+its own).
 """
 import importlib
 import os
@@ -39,6 +48,51 @@ import pytest
 # (torch_ctxext.conformance._device.KNOWN_MODULES, which cannot be imported
 # here without importing torch_ctxext).
 _KNOWN_DEVICE_MODULES = {"testdevice": "torch_ctxext_testdevice"}
+
+
+# The conformance suite, as a --pyargs target.
+_SUITE = "torch_ctxext.conformance"
+
+
+def _suite_directory():
+    """The conformance suite's directory, or None, found without importing
+    torch_ctxext (whose import patches torch): from the top package's spec,
+    which finding does not execute (finding a subpackage's spec imports its
+    parent package)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(_SUITE.partition(".")[0])
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    directory = os.path.join(list(spec.submodule_search_locations)[0], _SUITE.partition(".")[2])
+    return directory if os.path.isdir(directory) else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Keep the caller's conftest.py files out of a run of the suite alone.
+
+    pytest loads the initial conftest.py files of a --pyargs run from the
+    directory it is run in and that directory's parents (its targets are no
+    paths), and --confcutdir only cuts off the parents of its own directory.
+    So, before pytest loads them (this hook runs first), the targets it
+    loads them for become the suite's directory, and confcutdir that
+    directory: the suite's conftest.py alone is loaded. The run's real
+    targets are parsed afresh later; collection is unchanged.
+    """
+    namespace = early_config.known_args_namespace
+    targets = [str(target).split("::")[0] for target in namespace.file_or_dir]
+    if not namespace.pyargs or not targets:
+        return
+    if not all(target == _SUITE or target.startswith(_SUITE + ".") for target in targets):
+        return  # other tests too: their conftest.py files are theirs to load
+    directory = _suite_directory()
+    if directory is not None:
+        namespace.file_or_dir = [directory]
+        namespace.confcutdir = directory
 
 
 def pytest_addoption(parser):

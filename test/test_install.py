@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import zipfile
 
 import pytest
 import torch
@@ -157,3 +158,16 @@ def test_pip_wheel_without_isolation_makes_a_wheel_for_this_torch_that_loads_wit
     origin, path = loaded.stdout.split()
     assert origin == "package" and path.startswith(str(tmp_path / "site" / "torch_ctxext" / "_C"))
     assert not os.path.exists(tmp_path / "cache")
+
+
+def test_the_sdist_and_a_sources_only_wheel_carry_the_suites_own_ini(checkout, sdist, tmp_path):
+    """``check`` runs the suite with torch_ctxext/conformance/suite.ini (not
+    the caller's ini): an installed package must carry it."""
+    with tarfile.open(sdist) as tar:
+        assert [n for n in tar.getnames() if n.endswith("torch_ctxext/conformance/suite.ini")]
+    code = "import sys, setuptools.build_meta as b; print(b.build_wheel(sys.argv[1]))"
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=checkout,
+                            capture_output=True, text=True, env=clean_env(TORCH_CTXEXT_BUILD_EXT=0))
+    assert result.returncode == 0, result.stderr
+    with zipfile.ZipFile(tmp_path / result.stdout.strip().splitlines()[-1]) as wheel:
+        assert "torch_ctxext/conformance/suite.ini" in wheel.namelist()

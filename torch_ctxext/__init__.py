@@ -38,39 +38,92 @@ _INSTALLERS = (
     ("apply_boxed", "._backport.boxed_grads"),
 )
 
-_features.check_supported_torch()
-_features.record_native()
-_missing = [member for member, _ in _INSTALLERS if _features.lacks(member)]
-if _missing and _features.newer_torch():
-    # A regression of a torch newer than the tested range: reported, not
-    # patched (no extension is loaded into a torch it was not tested with).
-    for _member in _missing:
-        _features.UNAVAILABLE[_member] = (
-            f"torch {_features.torch.__version__} is newer than the releases torch_ctxext was tested with "
-            f"and should provide it natively (torch does from {_features.native_from(_member)})"
-        )
-elif _missing:
-    from ._ext import loader as _loader
 
+def _install(warn=True):
+    """What ``import torch_ctxext`` does: refuse an unsupported torch, then
+    add the members the running torch lacks (loading, or building, the C++
+    extension they need).
+
+    Raises ImportError where the import must fail (an unsupported torch; no
+    build and TORCH_CTXEXT_JIT=0), the same one on every call; a build that
+    fails only makes those members unavailable (and warns, unless ``warn``
+    is false: ``info`` says it itself). Runs once; later calls return, or
+    raise, what the first did.
+    """
+    if _INSTALLED:
+        if _INSTALLED[0] is not None:
+            raise _INSTALLED[0]
+        return
     try:
-        _C = _loader.load()  # also set by load(): torch_ctxext._C
-    except _loader.ExtensionBuildError as error:
-        # No build for this torch, and none could be made here: the rest of
-        # the contract still works, and features() says why these do not.
-        _features.report_unavailable(_missing, error)
-    else:
-        # Members whose engine structures do not read back as the headers
-        # say are not installed; features() gives the reason. The verdict
-        # was made once for this build and torch, in a child process (the
-        # import itself runs nothing of autograd).
-        _features.UNAVAILABLE.update(_loader.layout_verdict())
-        for _member, _module in _INSTALLERS:
-            if _member in _missing and _member not in _features.UNAVAILABLE:
-                # Each installer says what it installed, or why it could not.
-                _installed = importlib.import_module(_module, __name__).install(_C)
-                _features.record(_installed, _member)
-# A member that could not be provided says why where it is used.
-_features.mark_unavailable(_missing)
+        _install_members(warn)
+    except ImportError as refusal:
+        _INSTALLED.append(refusal)
+        raise
+    _INSTALLED.append(None)
+
+
+def _install_members(warn):
+    global _C
+    _features.check_supported_torch()
+    _features.record_native()
+    missing = [member for member, _ in _INSTALLERS if _features.lacks(member)]
+    if missing and _features.newer_torch():
+        # A regression of a torch newer than the tested range: reported, not
+        # patched (no extension is loaded into a torch it was not tested with).
+        for member in missing:
+            _features.UNAVAILABLE[member] = (
+                f"torch {_features.torch.__version__} is newer than the releases torch_ctxext was tested with "
+                f"and should provide it natively (torch does from {_features.native_from(member)})"
+            )
+    elif missing:
+        from ._ext import loader as _loader
+
+        try:
+            _C = _loader.load()  # also set by load(): torch_ctxext._C
+        except _loader.ExtensionBuildError as error:
+            # No build for this torch, and none could be made here: the rest of
+            # the contract still works, and features() says why these do not.
+            _features.report_unavailable(missing, error, warn=warn)
+        else:
+            # Members whose engine structures do not read back as the headers
+            # say are not installed; features() gives the reason. The verdict
+            # was made once for this build and torch, in a child process (the
+            # import itself runs nothing of autograd).
+            _features.UNAVAILABLE.update(_loader.layout_verdict())
+            for member, module in _INSTALLERS:
+                if member in missing and member not in _features.UNAVAILABLE:
+                    # Each installer says what it installed, or why it could not.
+                    installed = importlib.import_module(module, __name__).install(_C)
+                    _features.record(installed, member)
+    # A member that could not be provided says why where it is used.
+    _features.mark_unavailable(missing)
+
+
+def _command_line_import():
+    """Whether this import is the command line's own: ``python -m
+    torch_ctxext`` (runpy imports the package while it locates __main__,
+    sys.argv[0] being "-m" meanwhile) or the ``torch-ctxext`` script.
+    The command line then installs the members itself, for the commands
+    that need them, and says what is wrong where the import would refuse,
+    instead of a traceback (``--version`` and ``--help`` need nothing)."""
+    import os
+    import sys
+
+    argv = getattr(sys, "orig_argv", [])
+    as_module = any(
+        arg in ("-m" + __name__, "-m" + __name__ + ".__main__")
+        or (arg == "-m" and argv[i + 1 : i + 2] in ([__name__], [__name__ + ".__main__"]))
+        for i, arg in enumerate(argv)
+    )
+    if as_module and sys.argv[:1] == ["-m"]:
+        return True
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return script in ("torch-ctxext", "torch-ctxext.exe", "torch-ctxext-script.py")
+
+
+_INSTALLED = []  # once _install() has run: [None], or [the ImportError it raised]
+if not _command_line_import():
+    _install()
 
 
 # The checker (testing/, thousands of lines), explain(), advise() and the

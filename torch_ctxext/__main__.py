@@ -2,32 +2,83 @@
 
 ``info``   what the running torch provides natively and what torch_ctxext adds;
            which build of the C++ extension is loaded, from where, for which torch.
+           A build that failed is explained once (the members it leaves
+           unavailable say "see extension above"). ``--json`` prints the same
+           facts as JSON. Where torch_ctxext cannot be imported (an
+           unsupported torch; no build and TORCH_CTXEXT_JIT=0) it says why and
+           what to do, without a traceback, and exits 2.
 ``check``  run the conformance suite against the installed torch and report,
            per member of the contract, who provides it and what passed
            (``--device`` puts the suite's tensors on another device; ``-v``
-           shows pytest's own output). Exit status: 0 conforms, 1 does not
-           conform, 2 could not run.
+           shows pytest's own output). The suite runs isolated from the
+           caller's directory: its own rootdir and ini, no conftest.py of the
+           caller, PYTEST_ADDOPTS ignored; the report says so.
 ``build``  build the C++ extension for the running torch into the cache now,
            ahead of the first import (images, clusters without a compiler on
            the nodes); ``--force`` builds it again. Where torch provides every
            member natively, the build is advise()'s C++ watch alone, which
            only advise() loads.
+``--version`` torch_ctxext's version and the running torch's; needs no build.
+
+With no command it prints the help, and exits 2 as for any other usage
+error (a script that runs it without a command has a mistake to show).
+
+Exit status: 0 done (``check``: conforms), 1 ``check``: does not conform,
+``build``: failed; 2 a usage or environment error, found before the suite
+runs where it can be: a ``--json`` file that cannot be written, a ``-k`` that
+selects no test, a torch torch_ctxext cannot be imported into.
 """
 import argparse
 import os
 import sys
 
 
-def _info(_args):
+def _installed(warn=True):
+    """Install the members, as ``import torch_ctxext`` does (the command
+    line's own import of the package defers it: torch_ctxext._install);
+    return None, or the ImportError that a plain import would raise."""
+    import torch_ctxext
+
+    try:
+        torch_ctxext._install(warn=warn)
+    except ImportError as refusal:
+        return refusal
+    return None
+
+
+def _refused(command, refusal):
+    """Say, on stderr, that ``command`` cannot run because torch_ctxext
+    cannot be imported here; the refusal's message says what to do."""
+    print(f"torch-ctxext {command}: torch_ctxext cannot be imported here: {refusal}", file=sys.stderr)
+    return 2
+
+
+def _info(args):
+    import json
+
     import torch
 
+    refusal = _installed(warn=False)  # info explains a failed build itself
+    if refusal is not None:
+        if args.json:
+            print(json.dumps({
+                "torch_ctxext": _version(), "importable": False, "error": str(refusal),
+                "torch": {"version": torch.__version__, "git_version": torch.version.git_version},
+            }, indent=2, sort_keys=True))
+        else:
+            print(f"torch          {torch.__version__} (git {torch.version.git_version[:12]})")
+            print(f"torch_ctxext   cannot be imported: {refusal}")
+        return 2
     import torch_ctxext
     from torch_ctxext import _features, _releases
     from torch_ctxext._ext import build as _build
     from torch_ctxext.conformance import report as _report
 
-    print(_report.info_table(torch_ctxext.features(), torch.__version__, torch.version.git_version,
-                             _features.routes()))
+    facts = (torch_ctxext.features(), torch.__version__, torch.version.git_version, _features.routes())
+    if args.json:
+        print(json.dumps(_report.info_facts(*facts), indent=2, sort_keys=True))
+        return 0
+    print(_report.info_table(*facts))
     if _releases.all_native(torch.__version__):  # nothing loaded at import; advise() may load its watch
         from torch_ctxext._ext import advise_module
 
@@ -46,6 +97,9 @@ def _info(_args):
 def _build(args):
     import torch
 
+    refusal = _installed()
+    if refusal is not None:
+        return _refused("build", refusal)
     import torch_ctxext
     from torch_ctxext._ext import build as _build
     from torch_ctxext._ext import loader as _extension
@@ -87,7 +141,28 @@ def _build(args):
     return 0 if not found else 1
 
 
+def _unwritable(path):
+    """Why ``path`` cannot be written, or None: checked before the suite
+    runs, which would otherwise take minutes to fail at the end."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return "it is a directory"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else "it is not writable"
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        return f"its directory {parent} does not exist"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"its directory {parent} is not writable"
+
+
 def _check(args):
+    if args.json:
+        why = _unwritable(args.json)
+        if why is not None:
+            print(f"torch-ctxext check: --json {args.json}: cannot write the report there: {why}",
+                  file=sys.stderr)
+            return 2
+        args.json = os.path.abspath(args.json)
     from torch_ctxext.conformance import _device
 
     name = args.device or os.environ.get("TORCH_CTXEXT_DEVICE") or "cpu"
@@ -97,6 +172,10 @@ def _check(args):
     except _device.DeviceError as e:
         print(f"torch-ctxext check: {e}", file=sys.stderr)
         return 2
+    # torch_ctxext after the device, as the suite's conftest does.
+    refusal = _installed()
+    if refusal is not None:
+        return _refused("check", refusal)
     from torch_ctxext.conformance import report as _report
 
     print(f"running the ctx contract conformance suite (device {_device.describe()})")
@@ -106,10 +185,36 @@ def _check(args):
     )
     print(_report.format_report(report))
     if args.json:
-        _report.write_json(report, args.json)
+        try:
+            _report.write_json(report, args.json)
+        except OSError as e:  # it could be written when the suite started
+            print(f"torch-ctxext check: --json {args.json}: cannot write the report: {e}", file=sys.stderr)
+            return 2
     if not report["ran"]:
-        return 2  # could not run: pytest's own output above says why
+        return 2  # could not run: the verdict, or pytest's own output above, says why
     return 0 if report["conforms"] else 1
+
+
+def _version():
+    """torch_ctxext's version, read without installing anything."""
+    import torch_ctxext
+
+    return torch_ctxext.__version__
+
+
+class _Version(argparse.Action):
+    """``--version``: torch_ctxext's version and torch's. Only imports torch
+    (the command line's import of torch_ctxext installs nothing), so it
+    works without a build, and on a torch torch_ctxext refuses."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import torch
+
+        print(f"torch_ctxext {_version()} (torch {torch.__version__})")
+        parser.exit()
 
 
 def main(argv=None):
@@ -117,8 +222,10 @@ def main(argv=None):
         prog="torch-ctxext",
         description="The ctx contract of torch.autograd.Function on the installed torch.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("info", help="who provides each member of the contract")
+    parser.add_argument("--version", action=_Version, help="print torch_ctxext's and torch's versions")
+    commands = parser.add_subparsers(dest="command", metavar="{info,check,build}")
+    info = commands.add_parser("info", help="who provides each member of the contract")
+    info.add_argument("--json", action="store_true", help="print the same facts as JSON")
     check = commands.add_parser(
         "check", help="run the conformance suite against the installed torch"
     )
@@ -150,6 +257,12 @@ def main(argv=None):
         "--force", action="store_true", help="build again even if the cache has a build (or a recorded failure)"
     )
     args = parser.parse_args(argv)
+    if args.command is None:
+        # No command: the help, on stderr, and the status of a usage error
+        # (2), as argparse gives an unknown command: a script that runs it
+        # without a command has a mistake, which a 0 would hide.
+        parser.print_help(sys.stderr)
+        return 2
     return {"info": _info, "check": _check, "build": _build}[args.command](args)
 
 

@@ -71,7 +71,7 @@ def check_supported_torch():
             "It patches nothing on it (torch provides the whole contract natively from 2.15); "
             "`python -m torch_ctxext check` says whether this torch conforms.",
             NewerTorchWarning,
-            stacklevel=3,
+            stacklevel=5,
         )
         return
     if not _releases.supported(version):
@@ -152,12 +152,14 @@ def mark_unavailable(members):
             setattr(_owner(name), name, _Unavailable(name, UNAVAILABLE[name]))
 
 
-def report_unavailable(members, error):
+def report_unavailable(members, error, warn=True):
     """Record that ``members`` cannot be provided because of ``error``, and
-    say so once."""
+    say so once (``warn``; the command line's ``info`` says it itself)."""
     for name in members:
         UNAVAILABLE[name] = str(error)
-    warnings.warn(str(error), ExtensionUnavailableWarning, stacklevel=3)
+    if warn:
+        # stacklevel: past _install_members, _install and the package, to the import.
+        warnings.warn(str(error), ExtensionUnavailableWarning, stacklevel=5)
 
 
 # Members another copy of torch_ctxext (vendored by a library under another

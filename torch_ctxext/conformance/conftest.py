@@ -99,7 +99,14 @@ def deviates(marker, features, release):
 
 
 def pytest_report_header(config):
-    return f"ctx contract conformance on device: {_device.describe()}"
+    # Whether the caller's conftest.py files or ini could change what the
+    # suite checks (torch_ctxext.conformance.report.isolation).
+    from .report import isolation, isolation_line
+
+    return [
+        f"ctx contract conformance on device: {_device.describe()}",
+        f"ctx contract conformance: {isolation_line(isolation(config))}",
+    ]
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,10 @@ from .. import _features
 from .._features import MEMBERS, member_of_test_module
 
 SUITE = "torch_ctxext.conformance"
+# The suite's directory, and its own ini file (package data): ``check`` runs
+# the suite with that ini, rootdir and confcutdir, never the caller's.
+SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
+SUITE_INI = os.path.join(SUITE_DIR, "suite.ini")
 
 
 def extension_lines():
@@ -62,6 +66,13 @@ def extension_lines():
 
 
 def info_table(features, torch_version, torch_git_version, routes=None):
+    """What ``info`` prints. A member unavailable for the reason the
+    extension line already gives (no build) says so in a word: a build's
+    failure message is long, and is the same for each member that needs it."""
+    from .._ext import loader
+
+    shared = _features.UNAVAILABLE and loader.loaded is None and not _features.OTHER_COPY
+    extension_reason = next(iter(_features.UNAVAILABLE.values())) if shared else None
     lines = [
         f"torch          {torch_version} (git {torch_git_version[:12]})",
         *extension_lines(),
@@ -70,11 +81,94 @@ def info_table(features, torch_version, torch_git_version, routes=None):
         f"{'-' * 25} {'-' * 40}",
     ]
     for name, status in features.items():
+        if extension_reason is not None and status == f"unavailable: {extension_reason}":
+            status = "unavailable (see extension above)"
         lines.append(f"{name:<26}{status}")
         route = (routes or {}).get(name)
         if route and route not in ("native", "unavailable"):
             lines.append(f"{'':<26}  route: {route}")
     return "\n".join(lines)
+
+
+def info_facts(features, torch_version, torch_git_version, routes=None):
+    """What ``info --json`` prints: the facts of :func:`info_table`, as data.
+
+    ``extension.status`` is ``loaded``, ``not needed`` (torch provides every
+    member natively), ``another copy`` (a vendored copy loaded first) or
+    ``unavailable`` (``extension.reason`` says why); each member has its
+    ``provider`` (``native``, ``torch_ctxext`` or ``unavailable``), its
+    ``route`` and, where unavailable, its ``reason``.
+    """
+    from .. import __version__
+    from .._ext import build_cache, loader
+
+    loaded = loader.loaded
+    extension = {
+        "status": "loaded", "path": None, "origin": None, "built_for": None, "reason": None,
+        "cache": str(build_cache.root()), "why": loader.choice or None, "layout": None,
+    }
+    if loaded is not None:
+        extension.update(path=loaded.path, origin=loaded.origin,
+                         built_for={"version": loaded.torch_version, "git_version": loaded.torch_git_version})
+        verdict = loader.verdict
+        if verdict is not None:
+            extension["layout"] = {"found": sorted(verdict["found"]), "verified_at": verdict.get("verified_at"),
+                                   "path": loader.verdict_path}
+    elif _features.OTHER_COPY:
+        extension["status"] = "another copy"
+    elif _features.UNAVAILABLE:
+        extension.update(status="unavailable", reason=next(iter(_features.UNAVAILABLE.values())))
+    else:
+        extension["status"] = "not needed"
+    members = {}
+    for name, status in features.items():
+        provider, _, reason = status.partition(": ")
+        members[name] = {"provider": provider, "route": (routes or {}).get(name), "reason": reason or None}
+    return {
+        "torch_ctxext": __version__,
+        "importable": True,
+        "torch": {"version": torch_version, "git_version": torch_git_version},
+        "extension": extension,
+        "members": members,
+    }
+
+
+def isolation(config):
+    """How far a pytest run of the suite is from its caller's directory.
+
+    Returns ``{"isolated", "rootdir", "inifile", "caller_conftests"}``: the
+    run is isolated when it loaded no conftest.py but the suite's own, and
+    no ini file but the suite's (or none). ``check`` runs it so; a plain
+    ``pytest --pyargs torch_ctxext.conformance`` keeps the caller's
+    conftest.py files out (torch_ctxext_pytest), not an ini file found in
+    the caller's directory."""
+    import types
+
+    caller_conftests = sorted(
+        os.path.abspath(plugin.__file__)
+        for plugin in config.pluginmanager.get_plugins()
+        if isinstance(plugin, types.ModuleType)
+        and os.path.basename(getattr(plugin, "__file__", None) or "") == "conftest.py"
+        and os.path.dirname(os.path.abspath(plugin.__file__)) != SUITE_DIR
+    )
+    inifile = str(config.inipath) if config.inipath else None
+    return {
+        "isolated": not caller_conftests and inifile in (None, SUITE_INI),
+        "rootdir": str(config.rootpath),
+        "inifile": inifile,
+        "caller_conftests": caller_conftests,
+    }
+
+
+def isolation_line(facts):
+    """The report's one line on :func:`isolation`."""
+    if facts["isolated"]:
+        return (f"isolated from the caller's directory: rootdir {facts['rootdir']}, "
+                "no conftest.py or ini of the caller")
+    loaded = [f"conftest.py {', '.join(facts['caller_conftests'])}"] if facts["caller_conftests"] else []
+    if facts["inifile"] not in (None, SUITE_INI):
+        loaded.append(f"ini {facts['inifile']}")
+    return f"NOT isolated from the caller's directory (rootdir {facts['rootdir']}): loaded {'; '.join(loaded)}"
 
 
 def _tally(rows):
@@ -98,6 +192,10 @@ class _Collector:
         self.progress = progress  # a writable stream, or None
         self.totals = {}
         self.done = {}
+        self.isolation = None
+
+    def pytest_sessionstart(self, session):
+        self.isolation = isolation(session.config)
 
     def pytest_collection_finish(self, session):
         for item in session.items:
@@ -150,6 +248,14 @@ def run_suite(select=None, extra_pytest_args=(), device="cpu", verbose=False, pr
     """Run the suite in this process, with its tensors on ``device``; return
     the report as a dict.
 
+    The run is isolated from the caller's directory: the suite is collected
+    by its directory, with its own ini file (suite.ini) and rootdir, and
+    conftest.py files cut off at its directory; PYTEST_ADDOPTS is ignored.
+    A project's conftest.py (an autouse fixture setting the default dtype or
+    device, seeding) or ini (addopts, filterwarnings = error) would otherwise
+    change what the suite checks, and the report would blame torch. The
+    report's ``isolation`` says what the run loaded.
+
     Quiet by default: pytest's own output is kept back and shown (on
     stderr) only when the suite could not run; ``progress`` (a stream) gets
     a line per member. ``verbose`` shows pytest's output as it comes.
@@ -163,10 +269,16 @@ def run_suite(select=None, extra_pytest_args=(), device="cpu", verbose=False, pr
     from . import _device
 
     collector = _Collector(progress=None if verbose else progress)
-    previous = os.environ.get("TORCH_CTXEXT_DEVICE")
+    previous = {name: os.environ.get(name) for name in ("TORCH_CTXEXT_DEVICE", "PYTEST_ADDOPTS")}
     os.environ["TORCH_CTXEXT_DEVICE"] = device  # read by the suite's conftest
+    os.environ.pop("PYTEST_ADDOPTS", None)  # the caller's options are not the suite's
     args = [
-        "--pyargs", SUITE, "-p", "no:cacheprovider", "-o", "addopts=",
+        # By its directory, not --pyargs: pytest looks for the initial
+        # conftest.py files of a --pyargs run in the current directory and its
+        # parents, whatever --confcutdir says (it only cuts off the parents
+        # of its own directory).
+        SUITE_DIR, "-c", SUITE_INI, "--rootdir", SUITE_DIR, "--confcutdir", SUITE_DIR,
+        "-p", "no:cacheprovider", "-o", "addopts=",
         # torch_ctxext is imported before pytest starts (the entry point of
         # its own plugin registers the package for rewriting too late).
         "-W", "ignore::pytest.PytestAssertRewriteWarning",
@@ -183,15 +295,22 @@ def run_suite(select=None, extra_pytest_args=(), device="cpu", verbose=False, pr
         try:
             exit_code = pytest.main(args, plugins=[collector])
         finally:
-            if previous is None:
-                os.environ.pop("TORCH_CTXEXT_DEVICE", None)
-            else:
-                os.environ["TORCH_CTXEXT_DEVICE"] = previous
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
     ran_suite = int(exit_code) in _RAN
-    if not ran_suite and not verbose:
-        import sys
+    if int(exit_code) == pytest.ExitCode.NO_TESTS_COLLECTED:
+        # Nothing wrong with the suite or torch: the selection is empty.
+        why = f"no test matched -k {select}" if select else "pytest collected no test"
+        not_run = f"could not run the suite: {why}"
+    else:
+        not_run = "could not run the suite"
+        if not ran_suite and not verbose:
+            import sys
 
-        sys.stderr.write(held_back.getvalue())
+            sys.stderr.write(held_back.getvalue())  # pytest says why
     features = torch_ctxext.features()
     routes = _features.routes()
     members = {}
@@ -217,7 +336,8 @@ def run_suite(select=None, extra_pytest_args=(), device="cpu", verbose=False, pr
         "pytest_exit_code": int(exit_code),
         "ran": ran_suite,
         "conforms": ok,
-        "verdict": verdict(ok, len(deviations)) if ran_suite else "could not run the suite",
+        "verdict": verdict(ok, len(deviations)) if ran_suite else not_run,
+        "isolation": collector.isolation,
     }
 
 
@@ -259,6 +379,8 @@ def format_report(report):
         lines += ["", "warnings raised by torch while the suite ran (each named once):"]
         for w in warnings:
             lines.append(f"  {w['category']}: {w['message'][:200]} ({w['tests']} time{'s' if w['tests'] != 1 else ''})")
+    if report.get("isolation"):
+        lines += ["", isolation_line(report["isolation"])]
     lines += ["", f"verdict: {report['verdict']}"]
     return "\n".join(lines)
 
