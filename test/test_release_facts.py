@@ -81,8 +81,9 @@ def test_adding_a_release_in_which_everything_is_native_is_one_line():
     assert edited != text, "RELEASES no longer ends with 2.15.0: update this test's edit"
     namespace = {"__name__": "edited_releases"}
     exec(compile(edited, "edited _releases.py", "exec"), namespace)
-    assert namespace["requirement"]() == ">=2.6,<2.17"
-    assert namespace["supported"]("2.16.0+cu130")
+    assert namespace["requirement"]() == ">=2.6"  # no upper bound, before or after
+    assert namespace["supported"]("2.16.0+cu130") and not namespace["newer"]("2.16.0+cu130")
+    assert namespace["newer"]("2.17.0a0+git1234abc")
     assert not any(namespace["boundaries"]("2.16.0").values())  # new side of every boundary
     assert all(namespace["native"](m, "2.16.0") for m in namespace["NATIVE_FROM"])
 
