@@ -11,7 +11,10 @@ cache (about 20 s on 2 cores; ``python -m torch_ctxext info`` says which build i
 loaded). If no build can be made here, the import still succeeds, warns once
 saying why (:class:`ExtensionUnavailableWarning`), :func:`features` reports
 those members unavailable, and using one raises
-:class:`MemberUnavailableError` with the same reason.
+:class:`MemberUnavailableError` with the same reason. A build that is found
+but does not load (the dynamic loader refuses it) is passed over with an
+:class:`UnloadableBuildWarning` and the next one is tried; the import never
+raises the loader's ImportError.
 
 On a torch newer than the tested range (2.16, a nightly) the import is a
 no-op with a :class:`NewerTorchWarning`: torch provides the whole contract
@@ -22,10 +25,12 @@ patched by an extension built for engine structures it was not tested with.
 import importlib
 
 from . import _features
-from ._features import ExtensionUnavailableWarning, MemberUnavailableError, NewerTorchWarning, features
+from ._features import (
+    ExtensionUnavailableWarning, MemberUnavailableError, NewerTorchWarning, UnloadableBuildWarning, features,
+)
 
 __all__ = [
-    "ExtensionUnavailableWarning", "MemberUnavailableError", "NewerTorchWarning",
+    "ExtensionUnavailableWarning", "MemberUnavailableError", "NewerTorchWarning", "UnloadableBuildWarning",
     "advise", "explain", "features", "nn", "testing",
 ]
 __version__ = "0.1.0"

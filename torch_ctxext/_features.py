@@ -116,6 +116,15 @@ class ExtensionUnavailableWarning(UserWarning):
     that need it are unavailable (features() says which, and why)."""
 
 
+class UnloadableBuildWarning(UserWarning):
+    """A build of torch_ctxext's C++ extension was found for the running
+    torch but the dynamic loader refused it (its message is quoted, with the
+    file): it was passed over, and the next build in the loader's order was
+    tried. Not an :class:`ExtensionUnavailableWarning`: the extension may
+    still load from the next one; where nothing loads, that warning follows
+    with every refusal in its reason."""
+
+
 class MemberUnavailableError(AttributeError):
     """A member of the ctx contract that the running torch lacks and
     torch_ctxext could not provide was used. An ``AttributeError``, so that

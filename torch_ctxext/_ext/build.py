@@ -160,7 +160,7 @@ def _timeout_failure(what, log, note):
     return error
 
 
-def _spec(reason, force, csrc, key):
+def _spec(reason, force, csrc, key, replace=None):
     """What the build's process needs, all of it plain data."""
     import sysconfig  # here: only a build needs it
 
@@ -168,7 +168,8 @@ def _spec(reason, force, csrc, key):
     target = compile.target_of_running_torch(torch, python_include=sysconfig.get_paths()["include"])._asdict()
     root = build_cache.root()
     return {
-        "parent": os.getpid(), "reason": reason, "force": force, "csrc": csrc, "root": root, "key": key,
+        "parent": os.getpid(), "reason": reason, "force": force, "replace": replace, "csrc": csrc, "root": root,
+        "key": key,
         "timeout": build_timeout(), "env_timeout": ENV_TIMEOUT, "env_cache": build_cache.ENV_CACHE,
         "target": target, "torch_file": os.path.abspath(torch.__file__),
         # The importer's path as the layout probe takes it (strings, absolute, less the
@@ -222,11 +223,17 @@ def _run_child(spec):
     return answer
 
 
-def build(reason, force=False):
+def build(reason, force=False, replace=None):
     """Return (path of the build for the running torch, whether this call
     built it): built now if the cache has none (or ``force``), else the one
     there, possibly made by another process while this one waited for it
     (at most $TORCH_CTXEXT_BUILD_TIMEOUT seconds).
+
+    ``replace``: the ``build_cache.identity`` of the cache's build that did
+    not load here. It is built again in its place, unless it is no longer
+    the one there (another process, a rank of the same job, replaced it
+    while this one waited): the ranks that all failed to load it build once,
+    and a build that does not load is not loaded again by later imports.
 
     Raises ExtensionBuildError, and nothing else an import could not expect."""
     global last_failure
@@ -239,9 +246,10 @@ def build(reason, force=False):
         )
     key = build_cache.build_key(csrc)
     final = os.path.join(build_cache.root(), key)
-    if build_cache.published(final) and not force:
-        return os.path.join(final, LIBRARY), False
-    answer = _run_child(_spec(reason, force, csrc, key))
+    library = os.path.join(final, LIBRARY)
+    if build_cache.published(final) and not force and (replace is None or build_cache.identity(library) != replace):
+        return library, False
+    answer = _run_child(_spec(reason, force, csrc, key, replace))
     if "built" in answer:
         return answer["built"]["library"], answer["built"]["built"]
     failed = answer["failed"]

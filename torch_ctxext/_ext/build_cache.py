@@ -7,8 +7,9 @@ A build is published when its build.json is there: it is written last, once
 the library loaded (``_build``); a directory with a library and no record is
 the remains of a build killed on the way, and nothing loads it.
 
-``<key>`` names the torch version, its git hash, the Python ABI, the machine
-and a fingerprint of what the build's layouts and code come from: the torch
+``<key>`` names the torch version, its git hash, the Python ABI, the machine,
+the C library (``glibc2.36``: :func:`c_library`) and a fingerprint of what
+the build's layouts and code come from: the torch
 headers the extension includes (the structures it reads by layout are
 declared there), torch's build configuration, the extension's own sources
 and its compiler flags. So another torch, or the same version built
@@ -95,12 +96,33 @@ def fingerprint(csrc):
     return digest.hexdigest()
 
 
+def c_library():
+    """The C library a build made here depends on, as a piece of its key:
+    ``glibc2.36`` (the running process's glibc, ``platform.libc_ver()``),
+    or "" where it cannot be told (musl, macOS).
+
+    A library is linked against the symbol versions of the C library it is
+    built with (``memcpy@GLIBC_2.14``, ``__libc_start_main@GLIBC_2.34``), and
+    the dynamic loader refuses it on a machine whose C library is older
+    (``version `GLIBC_2.34' not found``). A shared cache built into on a
+    newer machine for older nodes (docs/install-cluster.md) must not hand
+    the nodes that build: with the version in the key, each C library gets
+    a build of its own. (An older glibc's build would load on a newer one;
+    it is still built again there: a key says what a build was made with,
+    not what it could serve.)"""
+    name, version = platform.libc_ver()
+    return f"{name}{version}" if name and version else ""
+
+
 def build_key(csrc):
-    """The cache directory name of the build for the running torch."""
+    """The cache directory name of the build for the running torch:
+    ``torch-<version>-git<hash>-<python>-<machine>[-<libc>]-<fingerprint>``,
+    the C library's piece left out where it is unknown."""
     git = (torch.version.git_version or "unknown")[:12]
+    libc = c_library()
     return (
         f"torch-{torch.__version__}-git{git}-{sys.implementation.cache_tag}-"
-        f"{platform.machine()}-{fingerprint(csrc)[:16]}"
+        f"{platform.machine()}-{libc + '-' if libc else ''}{fingerprint(csrc)[:16]}"
     )
 
 
@@ -117,6 +139,18 @@ def cached_library():
         return None
     directory = os.path.join(root(), build_key(csrc))
     return os.path.join(directory, LIBRARY) if published(directory) else None
+
+
+def identity(library):
+    """What tells this file at ``library`` from one put in its place later
+    (a rebuild renames a new directory there): [inode, size, mtime in ns],
+    or None if it is gone. The build's child process compares it the same
+    way (``build_child.identity``)."""
+    try:
+        st = os.stat(library)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 def record_of(library):

@@ -456,6 +456,16 @@ def verify_layout(library, log):
         f.write(f"torch_ctxext: {note}\n")
 
 
+def identity(library):
+    """build_cache.identity (this process does not import the package):
+    [inode, size, mtime in ns] of ``library``, or None if it is gone."""
+    try:
+        st = os.stat(library)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
 def recorded_failure(failed):
     """The compile error recorded at ``failed``, or None; a record that cannot
     be read as one is no record (removed: the build runs again)."""
@@ -534,7 +544,10 @@ def build(target):
     try:
         with build_lock._locked(lock, waiting, timeout, say=say):
             published = os.path.isfile(library) and os.path.isfile(os.path.join(final, RECORD))
-            if published and not spec["force"]:
+            # A build the importer could not load is built again in its place,
+            # unless the process waited for already did that.
+            unloadable = spec.get("replace") is not None and identity(library) == spec["replace"]
+            if published and not spec["force"] and not unloadable:
                 return {"library": library, "built": False}  # built by the process we waited for
             recorded = None if spec["force"] else recorded_failure(failed)
             if recorded is not None:

@@ -18,6 +18,21 @@ was compiled with. Loaded into any other torch build it would read garbage, so
    source or a torch upgrade), unless ``TORCH_CTXEXT_JIT=0``: then the
    ImportError names what was looked for and what was found.
 
+A build that is found but does not load (the dynamic loader refuses it: a
+C library older than the one it was built with, ``version `GLIBC_2.34' not
+found``; a library it links that is missing here; a file that is not a
+shared library) is passed over with an :class:`UnloadableBuildWarning`
+that names the file and quotes the loader, and the next one in this order
+is tried: the next packaged binary, the cache, a build now. A build in the
+cache that does not load is built again, in its place, by the first import
+that may build (``build.build``'s ``replace``); with ``TORCH_CTXEXT_JIT=0``
+it is left where it is (the node cannot tell whether it is damaged or only
+unfit for this machine, and in a shared cache other nodes may load it), and
+each import tries it again, at the cost of one refused ``dlopen``, and says
+so. When nothing loads, :func:`load` raises ExtensionBuildError quoting
+every refusal: the import succeeds without the members, never with an
+ImportError from the dynamic loader.
+
 :data:`choice` says which, and why (``python -m torch_ctxext info``).
 
 The record is checked before the shared library is loaded, and the library
@@ -166,22 +181,31 @@ def _this_torch():
             "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI), "python": sys.implementation.cache_tag}
 
 
-def choose_packaged(entries=None):
+def choose_packaged(entries=None, unloadable=None):
     """(path, origin) of the packaged binary to load for the running torch,
     or (None, what was found): the exact build first, else one for the same
     release from another build whose layout verdict here is clean. Sets
-    :data:`choice`. Nothing is compiled; a probe may run in a child process."""
+    :data:`choice`. Nothing is compiled; a probe may run in a child process.
+
+    ``unloadable``: {path: the dynamic loader's message} of binaries that
+    were chosen before and did not load: each is passed over (and named in
+    the choice), so that calling this again gives the next candidate."""
     global choice
     here = _this_torch()
     entries = packaged_binaries() if entries is None else entries
+    unloadable = unloadable or {}
     compatible = [e for e in entries if e.get("python") == here["python"] and e.get("cxx11_abi") == here["cxx11_abi"]]
     exact = [e for e in compatible if e.get("torch") == here["torch"] and e.get("git") == here["git"]]
     release = [e for e in compatible if e not in exact and _release_of(str(e.get("torch"))) == _release_of(here["torch"])]
-    problems = []
+    problems = [f"the packaged binary {path} does not load ({why})"
+                for path, why in unloadable.items() if any(e["file"] == path for e in exact + release)]
+    exact = [e for e in exact if e["file"] not in unloadable]
+    release = [e for e in release if e["file"] not in unloadable]
     for entry in exact:
         problem = _intact(entry)
         if problem is None:
-            choice = f"the packaged binary for {_describe(here)}: loaded, nothing compiled"
+            choice = "".join(p + "; " for p in problems) + (
+                f"the packaged binary for {_describe(here)}: loaded, nothing compiled")
             return entry["file"], "package"
         problems.append(problem)
     for entry in release:
@@ -193,8 +217,9 @@ def choose_packaged(entries=None):
                 problem = f"the packaged binary for {_describe(entry)} could not be verified against this torch build ({e})"
             else:
                 if not record["found"]:
-                    choice = (f"the packaged binary for {_describe(entry)}, the same release from another build: "
-                              "its layout verdict against this torch finds nothing amiss; loaded, nothing compiled")
+                    choice = "".join(p + "; " for p in problems) + (
+                        f"the packaged binary for {_describe(entry)}, the same release from another build: "
+                        "its layout verdict against this torch finds nothing amiss; loaded, nothing compiled")
                     return entry["file"], "package (verified)"
                 problem = (f"the packaged binary for {_describe(entry)} does not read this torch build's structures "
                            f"as its headers say ({', '.join(sorted(record['found']))})")
@@ -260,39 +285,136 @@ def _check_boundaries(compiled, path):
         )
 
 
+class UnloadableBuild(Exception):
+    """The dynamic loader refused a build (``message``: what it said)."""
+
+    def __init__(self, path, message):
+        super().__init__(f"{path}: {message}")
+        self.path, self.message = path, message
+
+
+def _open(path, what, then):
+    """_import(path), or raise UnloadableBuild after warning (an
+    :class:`UnloadableBuildWarning`) that ``what`` at ``path`` does not load,
+    quoting the dynamic loader, and ``then``, what the import does next.
+
+    Any ImportError of the import but ExtensionBuildError (another copy,
+    refused before it is mapped) is a build that does not load: the
+    loader's own (``dlopen``: an ELF header, a missing library, a symbol
+    version), or the module's initialisation failing. Neither may escape
+    from ``import torch_ctxext``."""
+    try:
+        return _import(path)
+    except ExtensionBuildError:
+        raise
+    except ImportError as e:
+        message = str(e) or type(e).__name__
+        warnings.warn(
+            f"torch_ctxext: {what} {path} does not load (the dynamic loader: {message}); "
+            f"it is passed over: {then}", _features.UnloadableBuildWarning, stacklevel=3,
+        )
+        raise UnloadableBuild(path, message) from None
+
+
+def _nothing_loads(unloadable, after):
+    """The ExtensionBuildError for an import where every build found was
+    refused by the dynamic loader (``unloadable``: {path: message}) and
+    nothing else could be had (``after``: why, e.g. the failed build's
+    message). Every refusal is quoted: it is the reason features() gives."""
+    refused = "; ".join(f"{path} does not load ({why})" for path, why in unloadable.items())
+    error = ExtensionBuildError(
+        f"torch_ctxext could not load its C++ extension for torch {torch.__version__}: {refused}. "
+        f"{after}"
+    )
+    error.what = refused
+    error.remembered = getattr(after, "remembered", False)
+    return error
+
+
 @functools.lru_cache(maxsize=None)
 def load():
     """Return the torch_ctxext._C module built for the running torch.
 
-    Raises ExtensionBuildError (an ImportError) if it had to be built and the
-    build failed, BuildMismatchError or ImportError if TORCH_CTXEXT_JIT=0 and
-    there is no build for the running torch.
+    Takes the first build, in the order of this module's docstring, that
+    loads; one that the dynamic loader refuses is warned about and passed
+    over. Raises ExtensionBuildError (an ImportError) if it had to be built
+    and the build failed, or if every build found was refused (the message
+    quotes each refusal); BuildMismatchError or ImportError if
+    TORCH_CTXEXT_JIT=0 and there is no build for the running torch.
     """
     global loaded, choice
+    # {path: the dynamic loader's message} of the builds passed over.
+    unloadable = {}
+    module = path = None
+    jit = build.jit_enabled()
+    then_cache = "the build cache is tried next" if jit else f"the build cache is tried next ({build.ENV_JIT}=0)"
     packaged = packaged_build()
     entries = [] if packaged else packaged_binaries()  # the manifest, read once
     binary, looked = (None, None) if packaged else choose_packaged(entries)
     if packaged and _same_build(packaged[1], packaged[2]):
-        path, origin = packaged[0], "package"
-        choice = "the build pip compiled for this torch at install: loaded, nothing compiled"
-    elif binary is not None:
-        path, origin = binary, looked
-    elif cached := build_cache.cached_library():
-        path, origin = cached, "cache"
-        choice = (looked + "; " if looked else "") + "the build in the cache for this torch: loaded"
-    elif not build.jit_enabled():
-        raise _mismatch(packaged[1], packaged[2]) if packaged else _not_built(looked)
-    else:
-        if packaged:
+        try:
+            path, origin = packaged[0], "package"
+            module = _open(path, "the build pip compiled at install", then_cache)
+            choice = "the build pip compiled for this torch at install: loaded, nothing compiled"
+        except UnloadableBuild as e:
+            unloadable[e.path] = e.message
+            choice = f"the build pip compiled for this torch at install, {e.path}, does not load ({e.message})"
+    while binary is not None:
+        try:
+            path, origin = binary, looked
+            module = _open(path, "the packaged binary",
+                           "the next packaged binary that fits, else the build cache, is tried")
+            break
+        except UnloadableBuild as e:
+            unloadable[e.path] = e.message
+            binary, looked = choose_packaged(entries, unloadable)
+    replace = None  # the cache's build that does not load, for build() to build again
+    if module is None and (cached := build_cache.cached_library()):
+        identity = build_cache.identity(cached)  # before it is tried: a build made meanwhile is not replaced
+        then = (f"this import builds it again, in its place ({build.ENV_JIT})" if jit else
+                f"{build.ENV_JIT}=0 forbids building it again at import; `{build.REBUILD}` "
+                "on a machine like this one replaces it")
+        try:
+            path, origin = cached, "cache"
+            module = _open(path, "the build in the cache", then)
+            choice = (looked + "; " if looked else "") + "the build in the cache for this torch: loaded"
+        except UnloadableBuild as e:
+            unloadable[e.path] = e.message
+            replace = identity
+            choice = (looked + "; " if looked else "") + f"the build in the cache {e.path} does not load ({e.message})"
+    if module is None and not jit:
+        if packaged and packaged[0] not in unloadable:
+            error = _mismatch(packaged[1], packaged[2])
+        else:
+            error = _not_built(looked or "the build pip compiled at install")
+        if unloadable:
+            raise _nothing_loads(unloadable, str(error))
+        raise error
+    if module is None:
+        if replace is not None:
+            reason = f"the build in the cache does not load here ({unloadable[cached]})"
+        elif packaged and unloadable:
+            reason = f"the build pip compiled at install does not load here ({unloadable[packaged[0]]})"
+        elif packaged:
             reason = f"the installed build is for torch {packaged[1]} (git {packaged[2][:12]})"
         elif entries:
             reason = f"none of its packaged binaries fits ({looked})"
         else:
             reason = "this copy of torch_ctxext carries no build (installed from source)"
-        path, built = build.build(reason)
+        try:
+            path, built = build.build(reason, replace=replace)
+        except ExtensionBuildError as e:
+            if unloadable:
+                raise _nothing_loads(unloadable, e) from None
+            raise
         origin = "built" if built else "cache"  # or another process built it meanwhile
         choice = f"{reason}; built at this import" if built else f"{reason}; the build in the cache: loaded"
-    module = _import(path)
+        try:
+            module = _open(path, "the build made at this import" if built else "the build in the cache",
+                           "nothing is left to try")
+        except UnloadableBuild as e:
+            unloadable[e.path] = e.message
+            raise _nothing_loads(unloadable, "") from None
     if origin != "package (verified)" and not _same_build(module.built_for_torch, module.built_for_git_version):
         raise _mismatch(module.built_for_torch, module.built_for_git_version)
     _check_boundaries(module.boundaries, path)
