@@ -172,3 +172,34 @@ def test_under_such_an_importer_a_killed_build_is_said_killed(tmp_path, sigchld)
     reason = answer["features"]["input_grad_buffers"]
     assert "the build was killed by SIGKILL" in reason, reason
     assert answer["handled"] == HELPERS_SEEN[sigchld]
+
+
+# What an importer may have as sys.stderr: nothing (fd 2 closed, a
+# pythonw-like service), or a forwarder with write() alone (a log shipper).
+STDERRS = {
+    "None": "sys.stderr = None\n",
+    "a write-only forwarder": textwrap.dedent("""
+        class Forwarder:
+            def __init__(self):
+                self.lines = []
+            def write(self, text):
+                self.lines.append(text)
+        sys.stderr = forwarder = Forwarder()
+    """),
+}
+
+
+@NEEDS_EXTENSION
+@pytest.mark.parametrize("stderr", list(STDERRS))
+def test_a_building_first_import_works_with_any_sys_stderr(tmp_path, stderr):
+    completed = first_import(tmp_path, STDERRS[stderr] + textwrap.dedent("""
+        import json
+        import torch_ctxext
+        said = "".join(forwarder.lines) if "forwarder" in globals() else ""
+        print(json.dumps({"features": torch_ctxext.features(), "said": said}))
+    """))
+    answer = _answer(completed)
+    assert answer["features"]["input_grad_buffers"] == "torch_ctxext"
+    if stderr == "a write-only forwarder":  # what the build says reaches it, a line per step
+        assert "torch_ctxext: building its C++ extension" in answer["said"]
+        assert "torch_ctxext: [1/" in answer["said"] and "built in" in answer["said"]

@@ -40,7 +40,7 @@ import torch
 from . import build_cache, child, compile, layout_verdict, sources
 from .build_cache import LIBRARY
 # The lock, shared with the layout verdict's (loader): named here too.
-from .build_lock import _LockTimeout, _locked, _say  # noqa: F401
+from .build_lock import _LockTimeout, _locked, _say, _stderr_is_a_terminal, _to_stderr  # noqa: F401
 
 ENV_JIT = "TORCH_CTXEXT_JIT"
 ENV_TIMEOUT = "TORCH_CTXEXT_BUILD_TIMEOUT"
@@ -118,22 +118,20 @@ class _Progress:
     a line per step otherwise (logs of batch jobs)."""
 
     def __init__(self):
-        self.tty = sys.stderr.isatty()
+        self.tty = _stderr_is_a_terminal()
         self.shown = False
 
     def step(self, done, total, what):
         text = f"torch_ctxext: [{done}/{total}] {what}"
         if self.tty:
-            sys.stderr.write("\r\033[K" + text)
+            _to_stderr("\r\033[K" + text)
             self.shown = True
         else:
-            sys.stderr.write(text + "\n")
-        sys.stderr.flush()
+            _to_stderr(text + "\n")
 
     def close(self):
         if self.shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+            _to_stderr("\n")
             self.shown = False
 
 
@@ -242,7 +240,7 @@ def build(reason, force=False, replace=None):
         raise ExtensionBuildError(
             "torch_ctxext cannot build its C++ extension: its sources (csrc/*.cpp) "
             f"are neither in {sources.CSRC_CANDIDATES[0]} nor in {sources.CSRC_CANDIDATES[1]}. "
-            "Reinstall torch_ctxext (pip install --force-reinstall torch_ctxext)."
+            "Reinstall torch_ctxext (docs/install.md), which carries them."
         )
     key = build_cache.build_key(csrc)
     final = os.path.join(build_cache.root(), key)

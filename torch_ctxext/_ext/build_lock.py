@@ -29,8 +29,32 @@ import time
 _POLL = 0.2
 
 
+def _to_stderr(text):
+    """Write ``text`` to the importer's ``sys.stderr`` as it is now, whatever
+    it is: None (fd 2 closed, a pythonw-like service), an object with only
+    ``write`` (a log forwarder), a stream closed meanwhile. What the build
+    says is never worth failing the import over."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        stream.write(text)
+        flush = getattr(stream, "flush", None)
+        if flush is not None:
+            flush()
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+
+
+def _stderr_is_a_terminal():
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, OSError, ValueError, TypeError):  # None, no isatty, closed
+        return False
+
+
 def _say(message):
-    print(f"torch_ctxext: {message}", file=sys.stderr, flush=True)
+    _to_stderr(f"torch_ctxext: {message}\n")
 
 
 def _now():
