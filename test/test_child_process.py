@@ -242,3 +242,22 @@ def test_a_child_start_costs_no_more_in_a_process_of_several_gb():
     small, big = min(medians[50]), min(medians[2048])
     print(f"child start: {small * 1000:.1f} ms at 50 MB, {big * 1000:.1f} ms at 2 GB")
     assert big < 2 * small + 0.05, (small, big)
+
+
+def test_info_says_how_children_are_started():
+    code = textwrap.dedent("""
+        import sys
+        from torch_ctxext.__main__ import main
+        from torch_ctxext._ext import child
+        main(["info"])
+        child.how = "subprocess (posix_spawn refused: Operation not permitted)"
+        main(["info"])
+    """)
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "PYTHONPATH": ROOT})
+    assert completed.returncode == 0, completed.stderr
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("children ")]
+    assert lines == [
+        "children       posix_spawn of a helper exec'd at once (no copy of this process); subprocess where refused",
+        "children       subprocess (posix_spawn refused: Operation not permitted)",
+    ]

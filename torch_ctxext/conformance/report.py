@@ -47,6 +47,7 @@ def extension_lines():
         f"built for      {built_for}",
         f"extension      {where}",
         f"build cache    {build_cache.root()} (${build_cache.ENV_CACHE})",
+        f"children       {_children()}",
     ]
     if loader.choice:
         lines.append(f"why            {loader.choice}")
@@ -63,6 +64,16 @@ def extension_lines():
             layout += f"; verified {verdict.get('verified_at', '')} in a child process: {kept}"
         lines.append(f"layout         {layout}")
     return lines
+
+
+def _children():
+    """How this process starts the children a build or a layout probe needs
+    (docs/reliability.md, the children an import starts)."""
+    from .._ext import child
+
+    if child.how == "posix_spawn":
+        return "posix_spawn of a helper exec'd at once (no copy of this process); subprocess where refused"
+    return child.how
 
 
 def info_table(features, torch_version, torch_git_version, routes=None):
@@ -106,6 +117,7 @@ def info_facts(features, torch_version, torch_git_version, routes=None):
     extension = {
         "status": "loaded", "path": None, "origin": None, "built_for": None, "reason": None,
         "cache": str(build_cache.root()), "why": loader.choice or None, "layout": None,
+        "children": _children(),
     }
     if loaded is not None:
         extension.update(path=loaded.path, origin=loaded.origin,
