@@ -175,7 +175,8 @@ def test_under_such_an_importer_a_killed_build_is_said_killed(tmp_path, sigchld)
 
 
 # What an importer may have as sys.stderr: nothing (fd 2 closed, a
-# pythonw-like service), or a forwarder with write() alone (a log shipper).
+# pythonw-like service), or a forwarder with write() and flush() alone (a
+# log shipper: no isatty, no fileno).
 STDERRS = {
     "None": "sys.stderr = None\n",
     "a write-only forwarder": textwrap.dedent("""
@@ -184,6 +185,8 @@ STDERRS = {
                 self.lines = []
             def write(self, text):
                 self.lines.append(text)
+            def flush(self):  # Python flushes sys.stderr at exit
+                pass
         sys.stderr = forwarder = Forwarder()
     """),
 }
