@@ -11,12 +11,18 @@ and a manifest of what each was built for. The loader:
 * takes a binary for the same release from another build of torch (another
   git hash) only once its layout verdict against this torch is clean;
 * never takes a binary for another CPython or C++ ABI; pip refuses a wheel
-  of another CPython outright.
+  of another CPython outright;
+* reads the layout verdict a wheel carries beside the binary
+  (tools/wheel_verdicts.py adds it for each torch the wheel is verified
+  against): the first import then starts no process; without one for the
+  running torch (another build of torch) it verifies in a child, as before.
 
 Each case is a package tree made here around the binary the running torch
 loaded (a binary wheel's layout), imported in a fresh interpreter with an
 empty build cache.
 """
+import base64
+import hashlib
 import json
 import os
 import pathlib
@@ -28,10 +34,14 @@ import pytest
 import torch
 
 import torch_ctxext
+from torch_ctxext._ext import layout_verdict as _verdict
 from torch_ctxext._ext import loader
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 from package_copy import add_packaged_binaries, sources_only_copy  # noqa: E402
+from wheel_check import IMPORT as AUDITED_IMPORT  # noqa: E402
+
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
 
 PACKAGE = os.path.dirname(os.path.abspath(torch_ctxext.__file__))
 needs_binary = pytest.mark.skipif(
@@ -70,7 +80,8 @@ def binary_install(tmp_path, entries, damage=None):
 def import_refused(site, tmp_path):
     """The ImportError ``import torch_ctxext`` raises with TORCH_CTXEXT_JIT=0."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
-    environment.update(PYTHONPATH=str(site), TORCH_CTXEXT_CACHE=str(tmp_path / "cache"), TORCH_CTXEXT_JIT="0")
+    environment.update(PYTHONPATH=str(site), TORCH_CTXEXT_CACHE=str(tmp_path / "cache"), TORCH_CTXEXT_JIT="0",
+                       XDG_CACHE_HOME=str(tmp_path / "xdg"))
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd="/", env=environment,
                           timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -81,10 +92,24 @@ def import_refused(site, tmp_path):
 
 def import_from(site, tmp_path, **env):
     environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
+    # An empty $XDG_CACHE_HOME too: no verdict in the importer's own layouts/.
     environment.update(PYTHONPATH=str(site), TORCH_CTXEXT_CACHE=str(tmp_path / "cache"), TORCH_CTXEXT_JIT="0",
-                       CXX="/bin/false", CC="/bin/false", **env)
+                       XDG_CACHE_HOME=str(tmp_path / "xdg"), CXX="/bin/false", CC="/bin/false", **env)
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd="/", env=environment,
                           timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def import_audited(site, tmp_path):
+    """The first ``import torch_ctxext`` from ``site`` in a fresh process
+    (tools/wheel_check.py's: ``started`` lists the audit events of every
+    process it started), with empty caches: nothing kept before is read."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
+    environment.update(PYTHONPATH=str(site), TORCH_CTXEXT_CACHE=str(tmp_path / "cache"), TORCH_CTXEXT_JIT="0",
+                       XDG_CACHE_HOME=str(tmp_path / "xdg"), CXX="/bin/false", CC="/bin/false")
+    done = subprocess.run([sys.executable, "-c", AUDITED_IMPORT], capture_output=True, text=True, cwd="/",
+                          env=environment, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -125,6 +150,83 @@ def test_a_binary_for_the_same_release_from_another_build_is_taken_once_its_layo
     assert list((tmp_path / "cache").glob("builds/layouts/layout-*.json"))  # and its verdict is kept
     again, said_again = import_from(site, tmp_path)
     assert again["origin"] == "package (verified)" and "verifying" not in said_again
+
+
+@needs_binary
+def test_a_packaged_binary_with_its_verdict_beside_it_starts_no_process_at_the_first_import(tmp_path):
+    site = binary_install(tmp_path, [this_torch()])
+    binary = site / "torch_ctxext" / "_binaries" / "build-0" / "_C.so"
+    # This process's verdict is for the same bytes and torch: the key is theirs.
+    _verdict.write(_verdict.beside(str(binary)), loader.verdict)
+    answer, said = import_audited(site, tmp_path)
+    assert answer["origin"] == "package" and answer["binary"] == str(binary)
+    assert answer["started"] == []
+    assert answer["verdict"] == _verdict.beside(str(binary))
+    assert provided(answer) == {"torch_ctxext"}
+    assert "verifying" not in said
+    assert not [p for d in ("cache", "xdg") for p in (tmp_path / d).glob("**/layout-*.json")]  # none kept
+
+
+@needs_binary
+def test_a_packaged_binary_without_a_verdict_for_this_torch_still_verifies_in_a_child(tmp_path):
+    site = binary_install(tmp_path, [this_torch()])
+    binary = site / "torch_ctxext" / "_binaries" / "build-0" / "_C.so"
+    # A verdict for another build of torch (another key) is not this one's.
+    _verdict.write(str(binary.parent / "layout-000000000000000000000000.json"), loader.verdict)
+    answer, said = import_audited(site, tmp_path)
+    assert answer["origin"] == "package"
+    assert answer["started"]  # the probe, in a child process
+    assert "verifying that its extension reads the structures" in said
+    kept = tmp_path / "cache" / "builds" / "layouts" / os.path.basename(_verdict.beside(str(binary)))
+    assert answer["verdict"] == str(kept) and kept.exists()
+    assert provided(answer) == {"torch_ctxext"}
+
+
+def as_wheel(site, path):
+    """The package at ``site`` as a wheel (with a RECORD) at ``path``."""
+    with zipfile.ZipFile(path, "w") as z:
+        for file in sorted(pathlib.Path(site).rglob("*")):
+            if file.is_file() and "__pycache__" not in file.parts:
+                z.write(file, file.relative_to(site).as_posix())
+        z.writestr("torch_ctxext-0.0.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n")
+        z.writestr("torch_ctxext-0.0.0.dist-info/RECORD", "")
+    return path
+
+
+@needs_binary
+def test_wheel_verdicts_adds_the_verdict_the_installed_binary_reads_at_its_first_import(tmp_path):
+    wheel = as_wheel(binary_install(tmp_path / "made", [this_torch(python="cpython-0"), this_torch()]),
+                     tmp_path / "torch_ctxext-0.0.0-cp0-cp0-linux_x86_64.whl")
+    done = subprocess.run([sys.executable, os.path.join(TOOLS, "wheel_verdicts.py"), str(wheel)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The name the loaded binary computes here: the key is the binary's and
+    # this torch's, wherever the binary lies.
+    member = "torch_ctxext/_binaries/build-1/" + _verdict.verdict_name(loader.loaded.path)
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        record = z.read("torch_ctxext-0.0.0.dist-info/RECORD").decode()
+        data = z.read(member)
+        z.extractall(tmp_path / "site")
+    assert [n for n in names if "layout-" in n] == [member]
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    assert f"{member},sha256={digest},{len(data)}" in record.splitlines()
+    assert json.loads(data)["found"] == {} and json.loads(data)["library"] == "torch_ctxext/_binaries/build-1/_C.so"
+    answer, said = import_audited(tmp_path / "site", tmp_path)
+    assert answer["origin"] == "package" and answer["started"] == [] and "verifying" not in said
+    assert answer["verdict"] == str(tmp_path / "site" / member)
+
+
+@needs_binary
+def test_wheel_verdicts_refuses_a_wheel_without_a_binary_for_this_torch_and_leaves_it_unchanged(tmp_path):
+    wheel = as_wheel(binary_install(tmp_path / "made", [this_torch(git="0" * 40)]),
+                     tmp_path / "torch_ctxext-0.0.0-cp0-cp0-linux_x86_64.whl")
+    before = wheel.read_bytes()
+    done = subprocess.run([sys.executable, os.path.join(TOOLS, "wheel_verdicts.py"), str(wheel)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert f"carries no binary for torch {torch.__version__}" in done.stdout
+    assert wheel.read_bytes() == before
 
 
 @needs_binary

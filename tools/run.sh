@@ -166,6 +166,11 @@ wheel_tests() {  # wheel_tests VERSION CPYTHON DIST [plugin]: the wheel in a ven
     venv_create "$version" "$python" "$dir" >&2
     # No build tool in the venv while the wheel is checked (the tests' ninja goes, and comes back after).
     "$dir/bin/python" -m pip uninstall -q -y ninja >&2 || true
+    # The layout verdict for this torch goes into the wheel before it is
+    # installed, as the release step (wheels.py --verify) puts one in for
+    # every torch it verifies: the check then requires a first import that
+    # starts no process.
+    "$dir/bin/python" "$root/tools/wheel_verdicts.py" "$wheel"
     env $(pip_env "$version") "$dir/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" >&2
     "$dir/bin/python" "$root/tools/wheel_check.py"
     if [ "${4:-}" = plugin ]; then

@@ -24,10 +24,14 @@ alone, which only advise() loads: torch_ctxext/_ext/advise_module.py), it:
    digest), requiring ``torch>=2.6`` (no upper bound: on a newer torch the import is a no-op) and no build tool, tagged with
    the platform ``auditwheel show`` says its binaries need.
 
-``--verify`` then installs each wheel with each torch into a fresh venv
-where no compiler can be found, imports it, checks that nothing was built
-and runs ``python -m torch_ctxext check`` (a release step: every release x
-CPython, hours and ~5 GB of disk per venv at a time).
+``--verify`` then, for each wheel and each torch build it carries a binary
+for, makes a fresh venv with that torch, adds the binary's layout verdict
+against it to the wheel (tools/wheel_verdicts.py: the wheel is rewritten in
+place, so that the first import on every torch verified here reads the
+verdict and starts no process), installs the wheel where no compiler can be
+found, imports it, checks that nothing was built and nothing started, and
+runs ``python -m torch_ctxext check`` (tools/wheel_check.py; a release step:
+every release x CPython, hours and ~5 GB of disk per venv at a time).
 
 Everything downloaded or compiled is kept in ``--cache`` (default
 $TORCH_CTXEXT_CACHE/wheels, ~/.cache/torch_ctxext/wheels).
@@ -294,8 +298,10 @@ def requirement_of(built_from):
 
 def verify(wheel, python_version, cache):
     """Install ``wheel`` beside each torch its manifest names, in a fresh
-    venv each, and check it there without a compiler (tools/wheel_check.py);
-    return one result a torch build."""
+    venv each, once that torch's layout verdict is added to it
+    (tools/wheel_verdicts.py: ``wheel`` is rewritten, and in the end carries
+    one verdict a torch build verified), and check it there without a
+    compiler (tools/wheel_check.py); return one result a torch build."""
     with zipfile.ZipFile(wheel) as z:
         manifest = json.loads(z.read(f"torch_ctxext/_binaries/{MANIFEST}"))
     results = []
@@ -312,9 +318,15 @@ def verify(wheel, python_version, cache):
             env.pop("PIP_FIND_LINKS", None)
         subprocess.run([python, "-m", "pip", "install", "-q", requirement, "numpy", "pytest", "hypothesis", "expecttest"],
                        check=True, env=env)
-        subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], check=True, env=env)
-        done = subprocess.run([python, os.path.join(ROOT, "tools", "wheel_check.py"), "--rounds", "5"],
+        # The verdict for this torch goes into the wheel before it is installed
+        # (tools/wheel_verdicts.py): the wheel released carries one for every
+        # torch verified here, and the first import on each starts no process.
+        done = subprocess.run([python, os.path.join(ROOT, "tools", "wheel_verdicts.py"), wheel],
                               capture_output=True, text=True)
+        if done.returncode == 0:
+            subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel], check=True, env=env)
+            done = subprocess.run([python, os.path.join(ROOT, "tools", "wheel_check.py"), "--rounds", "5"],
+                                  capture_output=True, text=True)
         line = (done.stdout.strip().splitlines() or ["no output"])[-1]
         results.append({"python": python_version, "torch": entry["torch"], "ok": done.returncode == 0,
                         "result": json.loads(line) if done.returncode == 0 else line + done.stderr[-2000:],
