@@ -261,3 +261,29 @@ def test_info_says_how_children_are_started():
         "children       posix_spawn of a helper exec'd at once (no copy of this process); subprocess where refused",
         "children       subprocess (posix_spawn refused: Operation not permitted)",
     ]
+
+
+def test_a_build_process_that_cannot_start_names_its_errno_and_no_log_that_was_never_written(tmp_path):
+    import torch_ctxext
+
+    if torch_ctxext.features()["input_grad_buffers"] == "native":
+        pytest.skip("the running torch provides input_grad_buffers natively: nothing is built")
+    code = textwrap.dedent("""
+        import sys, warnings
+        import torch
+        sys.executable = "/nonexistent/python"  # nothing can be started with it
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch_ctxext
+        print([str(w.message) for w in caught if w.category is torch_ctxext.ExtensionUnavailableWarning][0])
+    """)
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/",
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")},
+             "PYTHONPATH": ROOT, "TORCH_CTXEXT_CACHE": str(tmp_path / "cache")},
+    )
+    assert completed.returncode == 0, completed.stderr
+    said = completed.stdout.strip()
+    assert "its build process could not start" in said and "errno 2" in said, said
+    assert "Build log" not in said
+    assert not list((tmp_path / "cache").rglob("*.log"))

@@ -136,9 +136,11 @@ class _Progress:
 
 
 def _failure(what, log, remembered=False, note=""):
+    """``log``: the build log that says more, or None where none was written
+    (the build process never started)."""
     error = ExtensionBuildError(
         f"torch_ctxext could not build its C++ extension for torch {torch.__version__}: "
-        f"{what}. Build log: {log}. Without it, the members of the ctx contract "
+        f"{what}." + (f" Build log: {log}." if log else "") + " Without it, the members of the ctx contract "
         "torch_ctxext adds to this torch are unavailable (torch_ctxext.features() "
         "says which); build it where a compiler is available with "
         "`python -m torch_ctxext build` (TORCH_CTXEXT_CACHE picks where it goes), "
@@ -209,7 +211,8 @@ def _run_child(spec):
             cwd=spec["root"] if os.path.isdir(spec["root"]) else "/", new_session=True,
         )
     except child.ChildNotStarted as e:
-        raise _failure(f"its build process could not start ({e.strerror or e})", log) from None
+        # Nothing was started, so no log was written: name none.
+        raise _failure(f"its build process could not start ({e.strerror or e}, errno {e.errno})", None) from None
     finally:
         progress.close()
     if not answer:

@@ -225,7 +225,9 @@ def run(argv, *, env=None, cwd=None, input=None, timeout=None, on_line=None,
     ChildNotStarted (with the errno of the failed start), ChildTimeout
     (after killing it)."""
     if not supported():
-        raise ChildNotStarted(errno.ENOEXEC, f"no Python interpreter to start children with ({sys.executable!r})")
+        missing = bool(sys.executable) and not os.path.exists(sys.executable)
+        raise ChildNotStarted(errno.ENOENT if missing else errno.ENOEXEC,
+                              f"no Python interpreter to start children with ({sys.executable!r})")
     if not os.path.isabs(argv[0]) or not os.access(argv[0], os.X_OK):
         raise ChildNotStarted(errno.ENOENT, f"{argv[0]!r} is not an executable file")
     data = input.encode() if isinstance(input, str) else (input or b"")
