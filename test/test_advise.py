@@ -254,7 +254,8 @@ def test_create_graph_is_noted_and_saves_nothing():
     assert any("create_graph=True" in n for n in report.notes)
 
 
-def test_a_failure_to_observe_is_noted_and_never_raised_into_the_step(monkeypatch):
+def _a_step_advise_cannot_observe(monkeypatch):
+    """(the report, the leaf) of a step whose backward advise() fails to describe."""
     def broken(*args, **kwargs):
         raise ValueError("boom")
 
@@ -262,6 +263,11 @@ def test_a_failure_to_observe_is_noted_and_never_raised_into_the_step(monkeypatc
     w = torch.randn(3, requires_grad=True)
     with torch_ctxext.advise() as report:
         (w * 2 + w.sin()).sum().backward()
+    return report, w
+
+
+def test_a_failure_to_observe_is_noted_and_never_raised_into_the_step(monkeypatch):
+    report, w = _a_step_advise_cannot_observe(monkeypatch)
     assert w.grad is not None
     assert report.notes == ["no model given: advise(model) names parameters and modules and says "
                             "which drop-in would fuse each tensor",
@@ -479,13 +485,7 @@ def test_a_report_read_inside_its_block_before_the_backward_says_none_has_run_ye
 
 
 def test_a_backward_that_could_not_be_observed_is_not_reported_as_none_ran(monkeypatch):
-    def broken(*args, **kwargs):
-        raise ValueError("boom")
-
-    monkeypatch.setattr(graph.Backward, "__init__", broken)
-    w = torch.randn(3, requires_grad=True)
-    with torch_ctxext.advise() as report:
-        (w * 2 + w.sin()).sum().backward()
+    report, _ = _a_step_advise_cannot_observe(monkeypatch)
     assert str(report).splitlines()[0] == (
         "torch_ctxext.advise: no backward inside this block could be observed (the notes say why)")
     assert report.notes[-1] == "a backward could not be fully observed: ValueError: boom"
