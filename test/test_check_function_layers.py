@@ -25,7 +25,8 @@ LAZY_LOADING = textwrap.dedent(
 
     assert loaded() == [], loaded()
     assert {"testing", "explain", "advise", "nn"} <= set(dir(torch_ctxext)), dir(torch_ctxext)
-    assert {"testing", "explain", "advise", "nn", "features"} == set(torch_ctxext.__all__)
+    assert {"testing", "explain", "advise", "nn", "features", "ExtensionUnavailableWarning",
+            "MemberUnavailableError", "NewerTorchWarning", "UnloadableBuildWarning"} == set(torch_ctxext.__all__)
 
     from torch_ctxext.testing import check_function
     assert "torch_ctxext.testing" in sys.modules
