@@ -80,9 +80,10 @@ print(json.dumps({"answers": answers, "handler_saw": seen}))
 @needs_extension
 @pytest.mark.parametrize("sigchld", ["ignored", "reaping handler"])
 def test_the_probe_status_is_read_right_whatever_the_importer_does_with_sigchld(tmp_path, crashing_library, sigchld):
-    """A crashing probe is a crash verdict, a good one its verdict, and the
-    importer's handler never runs for either (on main: under an ignored
-    SIGCHLD a crash read as "exited with status 0")."""
+    """A crashing probe is a crash verdict, a good one its verdict (under an
+    ignored SIGCHLD a crash once read as "exited with status 0"), and the
+    importer's handler runs at most once per probe: for the exit of the
+    helper child.run starts it through, never for the probe itself."""
     script = tmp_path / "importer.py"
     script.write_text(PROBES_UNDER)
     result = subprocess.run([sys.executable, str(script), sigchld, str(crashing_library), loader.loaded.path],
@@ -92,7 +93,7 @@ def test_the_probe_status_is_read_right_whatever_the_importer_does_with_sigchld(
     crash = said["answers"][str(crashing_library)]
     assert crash == {part: "the layout probe crashed (SIGABRT) reading it" for part in layout_verdict.PARTS}
     assert said["answers"][loader.loaded.path] == {}
-    assert said["handler_saw"] == []
+    assert len(said["handler_saw"]) <= (2 if sigchld == "reaping handler" else 0)
 
 
 def test_the_probe_path_holds_the_importer_entries_as_the_import_system_uses_them(monkeypatch, tmp_path):

@@ -158,7 +158,7 @@ def test_a_build_whose_verdict_says_a_structure_differs_gets_none_of_the_members
     library = build / "_C.so"
     record = {**loader.verdict, "found": {"ctx": "the ctx object is 8 bytes larger in the headers"}}
     layout_verdict.write(str(build / layout_verdict.verdict_name(str(library))), record)
-    result = run(FEATURES + "\nfrom torch.autograd.function import FunctionCtx\nprint('input_grad_buffers' in FunctionCtx.__dict__)",
+    result = run(FEATURES + "\nfrom torch.autograd.function import FunctionCtx\nprint(hasattr(FunctionCtx, 'input_grad_buffers'))",
                  TORCH_CTXEXT_CACHE=cache)
     assert result.returncode == 0, result.stderr
     features = json.loads(result.stdout.splitlines()[0])

@@ -150,6 +150,9 @@ def test_a_build_in_a_cache_the_importer_cannot_write_gets_its_verdict_kept_in_i
     kept in the importer's own cache, and read there by the next imports."""
     cache, build = copied_build
     own = tmp_path / "home-cache"
+    # The lock a process that verified there before left beside the build:
+    # it still opens, but no verdict can be written beside it any more.
+    (build / (layout_verdict.verdict_name(str(build / "_C.so")) + ".lock")).touch()
     for directory in (build, cache / "builds"):
         directory.chmod(0o555)
     try:

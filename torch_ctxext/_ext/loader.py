@@ -50,6 +50,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 import warnings
 
 import torch
@@ -462,9 +463,17 @@ def _store_at(library, places):
     none (it is then made for this process only, and said)."""
     in_cache = os.path.commonpath([os.path.abspath(library), build_cache.root()]) == build_cache.root()
     for place in places if in_cache else places[1:]:
+        directory = os.path.dirname(place)
         try:
-            os.makedirs(os.path.dirname(place), exist_ok=True)
+            os.makedirs(directory, exist_ok=True)
             os.close(os.open(place + ".lock", os.O_RDWR | os.O_CREAT, 0o644))
+            # A lock file left there opens in a directory that is read-only
+            # now (a shared cache made read-only after use): the verdict is
+            # written as a new file beside it, so the directory itself must
+            # take one, or every rank would verify again.
+            fd, probe = tempfile.mkstemp(prefix=".layout-", suffix=".tmp", dir=directory)
+            os.close(fd)
+            os.remove(probe)
         except OSError:  # read-only: another user's build, a read-only cache
             continue
         return place
