@@ -61,7 +61,7 @@ def test_check_runs_the_suite_without_the_callers_conftest_ini_or_pytest_addopts
                PYTEST_ADDOPTS="-k not_a_test_of_the_suite_either")
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert out.rstrip().endswith("verdict: conforms"), out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: conforms"), out  # upstream deviations allowed
     assert "the caller's conftest.py ran" not in out + done.stderr
     suite = os.path.join(ROOT, "torch_ctxext", "conformance")
     assert (f"isolated from the caller's directory: rootdir {suite}, no conftest.py or ini of the caller"
@@ -73,7 +73,7 @@ def test_check_of_the_whole_suite_is_not_changed_by_a_conftest_setting_the_defau
     a_users_project(tmp_path)
     done = run(["-m", "torch_ctxext", "check", "-k", "apply or save_for"], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.rstrip().endswith("verdict: conforms"), done.stdout
+    assert done.stdout.rstrip().splitlines()[-1].startswith("verdict: conforms"), done.stdout
 
 
 def test_pytest_on_the_suite_alone_loads_no_conftest_of_the_callers_directory(tmp_path):

@@ -265,7 +265,7 @@ reference_checks() {  # what needs native $reference ($ref_python): the differen
         python3 "$diff_dir/run.py" --compare "$out/diff-device-ref.json" "$out/diff-device-$version.json" \
             --allow "$diff_dir/deviations-device.txt" | sed -n '/^non-None buffers/,$p'
     done
-    echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile), examples/, advise's report, explain and the drop-ins, native $reference"
+    echo "== training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile), examples/, advise's report, explain and the drop-ins, a newer torch's version string, check run from a user's project, the command line, native $reference"
     # Where fusion happens in each stack, and what advise reports, is pinned on
     # $main + torch_ctxext above; native 2.15 is the reference behaviour, so
     # the same tests must pass there; and what advise and explain say without
@@ -273,7 +273,9 @@ reference_checks() {  # what needs native $reference ($ref_python): the differen
     PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
         --rootdir "$root" "$root/test/test_training_stacks.py" "$root/test/test_examples.py" \
         "$root/test/test_advise_models.py" "$root/test/test_nn.py" "$root/test/test_advise_transformers.py" \
-        "$root/test/test_advise.py" "$root/test/test_explain.py"
+        "$root/test/test_advise.py" "$root/test/test_explain.py" \
+        "$root/test/test_newer_torch_and_unavailable_members.py" "$root/test/test_check_isolation.py" \
+        "$root/test/test_command_line.py"
     echo "== advise()'s own C++ watch on native $reference (python -m torch_ctxext build: that watch alone, which only advise() loads): the same report as Python's watch above"
     PYTHONPATH="$root" "$ref_python" -m torch_ctxext build | tail -n 1
     PYTHONPATH="$root" "$ref_python" -m pytest -q -p no:cacheprovider -o addopts= \
