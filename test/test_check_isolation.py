@@ -48,6 +48,15 @@ def the_users_ini(project):
     """))
 
 
+def _plugin(cwd):
+    """``-p torch_ctxext_pytest`` where the plugin's entry point is not
+    installed (a source tree on the path); nothing where it is (pytest would
+    refuse to register it twice)."""
+    done = run(["-c", "import importlib.metadata as m; print(any(ep.value == 'torch_ctxext_pytest' "
+                      "for ep in m.entry_points(group='pytest11')))"], cwd)
+    return [] if done.stdout.strip() == "True" else ["-p", "torch_ctxext_pytest"]
+
+
 def run(args, cwd, **env):
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **env)
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
@@ -78,7 +87,7 @@ def test_check_of_the_whole_suite_is_not_changed_by_a_conftest_setting_the_defau
 
 def test_pytest_on_the_suite_alone_loads_no_conftest_of_the_callers_directory(tmp_path):
     project = a_users_project(tmp_path)
-    done = run(["-m", "pytest", "-p", "torch_ctxext_pytest", "-p", "no:cacheprovider",
+    done = run(["-m", "pytest", *_plugin(project), "-p", "no:cacheprovider",
                 "--pyargs", "torch_ctxext.conformance", "-k", SUBSET], project)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "the caller's conftest.py ran" not in done.stdout
@@ -88,7 +97,7 @@ def test_pytest_on_the_suite_alone_loads_no_conftest_of_the_callers_directory(tm
 def test_pytest_on_the_suite_says_when_an_ini_of_the_callers_directory_applies(tmp_path):
     project = a_users_project(tmp_path)
     (project / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: a marker of the project\n")
-    done = run(["-m", "pytest", "-p", "torch_ctxext_pytest", "-p", "no:cacheprovider",
+    done = run(["-m", "pytest", *_plugin(project), "-p", "no:cacheprovider",
                 "--pyargs", "torch_ctxext.conformance", "-k", SUBSET], project)
     assert done.returncode == 0, done.stdout + done.stderr
     assert ("ctx contract conformance: NOT isolated from the caller's directory "
@@ -100,6 +109,6 @@ def test_pytest_with_other_targets_too_loads_their_conftest(tmp_path):
     their conftest.py."""
     project = a_users_project(tmp_path)
     (project / "test_mine.py").write_text("def test_mine():\n    pass\n")
-    done = run(["-m", "pytest", "-p", "torch_ctxext_pytest", "-p", "no:cacheprovider",
+    done = run(["-m", "pytest", *_plugin(project), "-p", "no:cacheprovider",
                 "test_mine.py"], project)
     assert done.returncode == 1 and "the caller's conftest.py ran" in done.stdout, done.stdout
