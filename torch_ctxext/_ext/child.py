@@ -250,7 +250,7 @@ def run(argv, *, env=None, cwd=None, input=None, timeout=None, on_line=None,
     try:
         fd, spec_write = spec_write, None
         _feed(fd, json.dumps(spec).encode())
-        command = _started(status, helper, out_read, argv)
+        command = _started(status, out_read, argv)
         fd, in_write = in_write, None
         _feed(fd, data)
         output, ended = _wait(out_read, status, timeout, on_line)
@@ -271,7 +271,7 @@ def run(argv, *, env=None, cwd=None, input=None, timeout=None, on_line=None,
                 os.close(fd)
 
 
-def _started(status, helper, out_read, argv):
+def _started(status, out_read, argv):
     """The command's pid, once the helper said it started it."""
     deadline = time.monotonic() + HELPER_START_TIMEOUT
     while True:
