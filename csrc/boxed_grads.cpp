@@ -360,4 +360,18 @@ void install_boxed_grads_path(std::ptrdiff_t) {
 
 #endif
 
+void register_boxed_grads(pybind11::module_& m, pybind11::module_& /*testing*/) {
+  // The layout probe (torch_ctxext/_ext/layout_check.py) finds PyNode's
+  // vtable, the loader checks the offset a verdict records, and the backport
+  // (torch_ctxext/_backport/boxed_grads.py) routes apply through it.
+  m.def(
+      "pynode_vtable_offset",
+      [](pybind11::handle ctx) { return pynode_vtable_offset(ctx.ptr()); },
+      pybind11::arg("sample_ctx"));
+  m.def("is_pynode_vtable_offset", &is_pynode_vtable_offset,
+        pybind11::arg("vtable_offset"));
+  m.def("install_boxed_grads_path", &install_boxed_grads_path,
+        pybind11::arg("vtable_offset"));
+}
+
 }  // namespace torch_ctxext

@@ -2,6 +2,8 @@
 
 #include "engine_layout.h"
 
+#include <pybind11/pybind11.h>
+
 #include <cstddef>
 
 namespace torch_ctxext {
@@ -24,5 +26,9 @@ bool is_pynode_vtable_offset(std::ptrdiff_t vtable_offset);
 // ctx.apply_boxed(grads), as on torch 2.13. Nothing of autograd runs.
 // Idempotent.
 void install_boxed_grads_path(std::ptrdiff_t vtable_offset);
+
+// Binds the three functions above into torch_ctxext._C (module.cpp, on the
+// releases this file is compiled for: torch_ctxext/_ext/sources.py).
+void register_boxed_grads(pybind11::module_& m, pybind11::module_& testing);
 
 }  // namespace torch_ctxext

@@ -203,8 +203,6 @@ std::atomic<size_t> recorded_slots{0};
 // --- the engine hook on InputBuffer::add ----------------------------------------
 
 std::atomic<uint64_t> validated_count{0};
-std::atomic<bool> hook_placed{false};
-[[maybe_unused]] std::once_flag hook_attempt;
 
 #if !TORCH_CTXEXT_ADD_WITHOUT_CONSUMER_NODE
 // InputBuffer::add(size_t, Variable&&, const optional<Stream>& producer,
@@ -238,6 +236,29 @@ void add_with_validation(InputBuffer* self, size_t pos, at::Tensor&& var,
   // Through this library's own PLT entry: the real InputBuffer::add.
   self->add(pos, std::move(var), producer, consumer, consumer_node);
 }
+
+GotHook producer_hook{[] { return find_got_slot("libtorch_cpu", kAddSymbol); },
+                      reinterpret_cast<void*>(&add_with_validation)};
+
+bool hook_placed() {
+  return producer_hook.placed();
+}
+
+// Whether the hook is placed after this call; when it cannot be (libtorch_cpu
+// makes no call to InputBuffer::add through its GOT), later_producers_validated()
+// stays false: see there.
+bool try_place_hook() {
+  return producer_hook.place();
+}
+#else
+// No consumer node to key the slot records by (engine_layout.h): no hook,
+// and later_producers_validated() stays false where the hook is needed.
+bool hook_placed() {
+  return false;
+}
+bool try_place_hook() {
+  return false;
+}
 #endif
 
 // Whether the engine can run a graph task's nodes on more than one thread:
@@ -270,22 +291,6 @@ bool needs_hook() {
   return needed;
 }
 
-void try_place_hook() {
-#if TORCH_CTXEXT_ADD_WITHOUT_CONSUMER_NODE
-  // No consumer node to key the slot records by (engine_layout.h):
-  // later_producers_validated() stays false where the hook is needed.
-#else
-  std::call_once(hook_attempt, [] {
-    void** slot = find_got_slot("libtorch_cpu", kAddSymbol);
-    if (slot == nullptr) {
-      return;  // later_producers_validated() stays false: see there
-    }
-    write_code_pointer(slot, reinterpret_cast<void*>(&add_with_validation));
-    hook_placed.store(true);
-  });
-#endif
-}
-
 }  // namespace
 
 std::optional<std::thread::id> exposing_thread(const GraphTask* task,
@@ -303,7 +308,7 @@ void record_exposure(GraphTask* task, const Node* consumer, size_t pos) {
   // Only where a slot can be reached from another engine thread: without
   // device threads every exposure and every producer of a task run on the
   // task's one thread, and the record could never fail a check.
-  if (!needs_hook() && !hook_placed.load()) {
+  if (!needs_hook() && !hook_placed()) {
     return;
   }
   std::lock_guard<ForkSafeMutex> lock(registry_mutex);
@@ -314,7 +319,7 @@ void record_exposure(GraphTask* task, const Node* consumer, size_t pos) {
 }
 
 bool later_producers_validated() {
-  return !needs_hook() || (try_place_hook(), hook_placed.load());
+  return !needs_hook() || try_place_hook();
 }
 
 namespace {
@@ -352,7 +357,7 @@ uint64_t validated_later_producers() {
 }
 
 bool producer_hook_placed() {
-  return hook_placed.load();
+  return hook_placed();
 }
 
 void place_producer_hook() {
@@ -361,13 +366,21 @@ void place_producer_hook() {
       "torch_ctxext: InputBuffer::add takes no consumer node before torch "
       "2.10; later producers cannot be validated on this torch");
 #else
-  try_place_hook();
-  if (!hook_placed.load()) {
+  if (!try_place_hook()) {
     throw std::runtime_error(
         "torch_ctxext: libtorch_cpu makes no call to InputBuffer::add through "
         "its GOT on this build; later producers cannot be validated");
   }
 #endif
+}
+
+void register_direct_accumulation(pybind11::module_& /*m*/, pybind11::module_& testing) {
+  // The engine hook that validates later producers: how many it validated,
+  // whether it is placed, and placing it where nothing needs it (no
+  // accelerator), so that its validation can be tested there.
+  testing.def("validated_later_producers", &validated_later_producers);
+  testing.def("producer_hook_placed", &producer_hook_placed);
+  testing.def("place_producer_hook", &place_producer_hook);
 }
 
 }  // namespace torch_ctxext

@@ -16,6 +16,7 @@
 
 #include "engine_layout.h"
 
+#include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/input_buffer.h>
 
 #include <optional>
@@ -106,5 +107,9 @@ bool exposed_in(const GraphTask* task, const Node* node);
 uint64_t validated_later_producers();
 bool producer_hook_placed();
 void place_producer_hook();
+
+// Binds the functions for tests above into torch_ctxext._C._testing
+// (module.cpp); nothing of this file is bound into _C itself.
+void register_direct_accumulation(pybind11::module_& m, pybind11::module_& testing);
 
 }  // namespace torch_ctxext

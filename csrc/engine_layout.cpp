@@ -1,5 +1,8 @@
 #include "engine_layout.h"
 
+#include <pybind11/stl.h>
+#include <torch/csrc/DynamicTypes.h>
+
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -87,8 +90,8 @@ void set_metadata_options_dtype(InputMetadata& metadata, at::ScalarType dtype) {
   // (destroy + placement new) is no better: C++17 ([basic.life]/8) forbids
   // reaching a replaced object with a const member through the old pointer,
   // which is how the node's vector would reach it, and the constructor would
-  // capture the current stream anew. So the member is written in place, as
-  // the research for issue 13 measured on 2.6 to 2.9. What makes it safe:
+  // capture the current stream anew. So the member is written in place
+  // (measured to take on 2.6 to 2.9). What makes it safe:
   //  * the metadata is never a const object: it lives on the heap, in the
   //    node's input_metadata_ vector, and libtorch reads it through
   //    options() in other translation units after opaque calls, so no
@@ -98,7 +101,7 @@ void set_metadata_options_dtype(InputMetadata& metadata, at::ScalarType dtype) {
   //    so no engine thread can be reading it;
   //  * only on the releases whose engine casts to this dtype (the #if), and
   //    only after the import-time layout probe read a node's metadata back as
-  //    Python sees it (_layout_check.py, "metadata");
+  //    Python sees it (torch_ctxext/_ext/layout_check.py, "metadata");
   //  * it is read back here, and a write that did not take is an error.
   auto& options = const_cast<at::TensorOptions&>(metadata.options());
   options = options.dtype(dtype);
@@ -195,6 +198,64 @@ TaskLayoutFacts read_task_layout() {
     facts.not_ready = static_cast<int64_t>(task->not_ready_.size());
   }
   return facts;
+}
+
+namespace {
+
+// ScalarType numbers as torch.dtype objects (None for -1).
+pybind11::list dtypes_of(const std::vector<int>& scalar_types) {
+  pybind11::list out;
+  for (int st : scalar_types) {
+    if (st < 0) {
+      out.append(pybind11::none());
+    } else {
+      out.append(pybind11::reinterpret_borrow<pybind11::object>(reinterpret_cast<PyObject*>(
+          torch::getTHPDtype(static_cast<at::ScalarType>(st)))));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void register_engine_layout(pybind11::module_& m, pybind11::module_& testing) {
+  // The layout probes (torch_ctxext/_ext/layout_check.py).
+  m.def("read_ctx_layout", [](pybind11::handle ctx) {
+    const auto f = read_ctx_layout(ctx.ptr());
+    pybind11::dict d;
+    d["ctx_size"] = f.ctx_size;
+    d["is_variable_input"] = f.is_variable_input;
+    d["materialize_grads"] = f.materialize_grads;
+    d["has_node"] = f.has_node;
+    d["node_address"] = f.node_address;
+    d["node_points_back"] = f.node_points_back;
+    d["edge_valid"] = f.edge_valid;
+    d["input_dtype"] = dtypes_of(f.input_dtype);
+    d["input_shape"] = f.input_shape;
+    d["input_default"] = f.input_default;
+    d["output_dtype"] = dtypes_of(f.output_dtype);
+    d["output_shape"] = f.output_shape;
+    return d;
+  });
+  m.def("read_task_layout", []() {
+    const auto f = read_task_layout();
+    pybind11::dict d;
+    d["found"] = f.found;
+    d["creates_graph"] = f.creates_graph;
+    d["exec_info_empty"] = f.exec_info_empty;
+    d["post_processing"] = f.post_processing;
+    d["holds_lock"] = f.holds_lock;
+    d["not_ready"] = f.not_ready;
+    return d;
+  });
+  // The running graph task's 64-bit id, or None outside backward.
+  testing.def("current_graph_task_id", []() -> pybind11::object {
+    const auto* task = current_graph_task();
+    if (task == nullptr) {
+      return pybind11::none();
+    }
+    return pybind11::int_(task_id(task));
+  });
 }
 
 }  // namespace torch_ctxext

@@ -2,9 +2,10 @@
 //
 // What depends on how a particular torch release lays out its engine
 // structures is read through this file; the releases themselves are named in
-// torch_ctxext/_releases.py only (the boundaries below). The extension is built against the headers of the
-// installed torch and refuses (in Python, before loading, and again here at
-// load time) to run against any other build.
+// torch_ctxext/_releases.py only (the boundaries below). The extension is
+// built against the headers of the installed torch and refuses (in Python,
+// before loading, and again here at load time) to run against any other
+// build.
 #pragma once
 
 #include <Python.h>
@@ -14,6 +15,8 @@
 #include <torch/csrc/autograd/python_function.h>
 
 #include "ctx_node.h"
+
+#include <pybind11/pybind11.h>
 
 #include <ATen/DeviceAccelerator.h>
 #include <torch/csrc/autograd/input_buffer.h>
@@ -40,8 +43,9 @@
 //   files: engine_layout.h, ctx_node.h, engine_layout.cpp, input_grad_buffers.cpp
 //   THPFunction::cdata is a std::weak_ptr<PyNode> (an intrusive_ptr from 2.13).
 // NO_NATIVE_BOXED_GRADS (2.12)
-//   files: boxed_grads.cpp, module.cpp (and _sources.py compiles
-//   boxed_grads.cpp only on this side): PyNode::apply cannot box grads.
+//   files: boxed_grads.cpp, module.cpp (and torch_ctxext/_ext/sources.py
+//   compiles boxed_grads.cpp only on this side): PyNode::apply cannot box
+//   grads.
 // NO_STALE_CAPTURE_OVERRIDE (2.12)
 //   files: direct_accumulation.cpp, input_grad_buffers.cpp
 //   No stale-capture stream override (at::Context::overrideStaleCaptureStream,
@@ -55,7 +59,7 @@
 //   wrapper explicitly (new PyObject preservation: the wrapper holds a count).
 // ENGINE_CASTS_TO_OPTIONS_DTYPE (2.9)
 //   files: engine_layout.h, engine_layout.cpp, output_grad_dtype.h,
-//   output_grad_dtype.cpp, module.cpp
+//   output_grad_dtype.cpp
 //   B. InputMetadata has no grad_dtype_: validate_outputs casts every incoming
 //   gradient to the dtype in InputMetadata::options_ (from 2.10 to
 //   grad_dtype_, the output's dtype unless set_grad_dtype changed it, and not
@@ -111,8 +115,9 @@
 // every-operator ATen/Functions.h cost each translation unit about 3 s (with
 // AT_PER_OPERATOR_HEADERS, which makes the build's other headers include only
 // the operators they use: both units side by side 16.0 s before, 13.0 s
-// after, torch 2.13, 2 cores; _ext/sources.py). A changed signature leaves an undefined symbol, which
-// the in-process load check of a new build reports.
+// after, torch 2.13, 2 cores; torch_ctxext/_ext/sources.py). A changed
+// signature leaves an undefined symbol, which the in-process load check of a
+// new build reports.
 namespace at::caching {
 TORCH_API bool is_cached_tensor(const at::Tensor& t);
 TORCH_API size_t adjusted_use_count(const at::Tensor& t);
@@ -275,5 +280,9 @@ struct TaskLayoutFacts {
   int64_t not_ready = -1;  // buffers waiting for producers
 };
 TaskLayoutFacts read_task_layout();
+
+// Binds the two reads above into torch_ctxext._C, and the running task's id
+// into _C._testing (module.cpp).
+void register_engine_layout(pybind11::module_& m, pybind11::module_& testing);
 
 }  // namespace torch_ctxext

@@ -19,8 +19,12 @@
 
 #include <algorithm>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
+#include <string>
 #include <vector>
+
+namespace py = pybind11;
 
 namespace torch_ctxext {
 
@@ -401,6 +405,209 @@ PyObject* make_reentrancy_guard(PyObject* original) {
   Py_INCREF(original);
   guarded_run_backward = original;
   return PyCFunction_New(&guard_def, nullptr);
+}
+
+// --- torch_ctxext._C ------------------------------------------------------------
+
+namespace {
+
+// Raise the Python exception a C++ exception from the extension stands for.
+void set_python_error(const std::exception& e) {
+  if (dynamic_cast<const NotACtxError*>(&e) != nullptr) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } else {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
+
+// The reentrancy guard is placed the first time a buffer is handed out, so
+// that a process which never fuses pays nothing for it, and placed again if
+// something replaced it since (Variable._execution_engine is a plain class
+// attribute). ensure_guard(): returns the engine object that is in place.
+PyObject* variable_class = nullptr;  // torch.autograd.variable.Variable
+PyObject* guarded_engine = nullptr;  // what ensure_guard last returned
+PyObject* ensure_guard = nullptr;
+
+bool reentrancy_guard_in_place() {
+  if (variable_class == nullptr) {
+    return true;  // not armed (tests of the C functions alone)
+  }
+  static PyObject* const name = PyUnicode_InternFromString("_execution_engine");
+  if (name == nullptr) {
+    return false;
+  }
+  PyObject* engine = PyObject_GetAttr(variable_class, name);
+  if (engine == nullptr) {
+    return false;
+  }
+  Py_DECREF(engine);  // kept alive by the class attribute
+  if (engine == guarded_engine) {
+    return true;
+  }
+  PyObject* placed = PyObject_CallNoArgs(ensure_guard);
+  if (placed == nullptr) {
+    return false;
+  }
+  Py_XSETREF(guarded_engine, placed);
+  return true;
+}
+
+// The getter behind FunctionCtx.input_grad_buffers, as a plain CPython
+// function (METH_O): the property is read inside hot backward loops, and a
+// pybind11 call costs about as much again as the read itself.
+PyObject* input_grad_buffers_getter(PyObject* /*module*/, PyObject* ctx) {
+  try {
+    PyObject* tuple = input_grad_buffers(ctx);
+    if (tuple == nullptr) {
+      return nullptr;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
+      if (PyTuple_GET_ITEM(tuple, i) != Py_None) {
+        if (!reentrancy_guard_in_place()) {
+          Py_DECREF(tuple);
+          return nullptr;
+        }
+        break;
+      }
+    }
+    return tuple;
+  } catch (const std::exception& e) {
+    set_python_error(e);
+    return nullptr;
+  }
+}
+
+// The same as FunctionCtx.input_grad_buffers' Python getter does it, in one
+// call: a real ctx (judged by its type, not by isinstance, which a
+// `__class__` attribute fools) is read; anything else (a hand-made
+// FunctionCtx, a mock, a proxy) gets what torch 2.15's property gives it,
+// the attribute lookup `obj._input_grad_buffers`, and is never read by the
+// layout of a ctx.
+PyObject* input_grad_buffers_property(PyObject* module, PyObject* obj) {
+  if (is_ctx(obj)) {
+    return input_grad_buffers_getter(module, obj);
+  }
+  static PyObject* const name = PyUnicode_InternFromString("_input_grad_buffers");
+  return name == nullptr ? nullptr : PyObject_GetAttr(obj, name);
+}
+
+PyMethodDef input_grad_buffers_def = {
+    "input_grad_buffers", input_grad_buffers_getter, METH_O,
+    "The engine's gradient buffer for each argument of ctx's Function."};
+PyMethodDef input_grad_buffers_property_def = {
+    "input_grad_buffers_property", input_grad_buffers_property, METH_O,
+    "FunctionCtx.input_grad_buffers: the engine's buffers for a ctx, "
+    "obj._input_grad_buffers for any other object."};
+
+// What a value prints as in torch's own messages.
+template <typename T>
+std::string printed(const T& value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// A stream as (device, stream id): the two parts torch prints of it.
+py::object stream_fields(const std::optional<c10::Stream>& stream) {
+  if (!stream) {
+    return py::none();
+  }
+  return py::make_tuple(printed(stream->device()), stream->id());
+}
+
+// A refusal's fields, under the names torch_ctxext/_explain.py phrases it
+// by, and "message": the error a read raises (torch 2.15's text, written once,
+// by refusal_message, which the getter and the engine hook raise).
+py::dict refusal_fields(const Refusal& r) {
+  using Kind = Refusal::Kind;
+  py::dict d;
+  d["message"] = refusal_message(r);
+  switch (r.kind) {
+    case Kind::kDevice:
+      d["kind"] = "device";
+      d["buffer_device"] = printed(r.buffer_device);
+      d["gradient_device"] = printed(r.gradient_device);
+      break;
+    case Kind::kThread:
+      d["kind"] = "thread";
+      d["exposing_thread"] = printed(r.exposing_thread);
+      d["accessing_thread"] = printed(r.accessing_thread);
+      break;
+    case Kind::kSlotStreamsUnrecorded:
+      d["kind"] = "slot_streams_unrecorded";
+      break;
+    case Kind::kStreamsAbsent:
+    case Kind::kStreamsPresent:
+      d["kind"] = r.kind == Kind::kStreamsAbsent ? "streams_absent"
+                                                 : "streams_present";
+      d["producer_stream_present"] = r.producer.has_value();
+      d["consumer_stream_present"] = r.consumer.has_value();
+      break;
+    case Kind::kStream:
+      d["kind"] = "stream";
+      d["producer_stream"] = stream_fields(r.producer);
+      d["consumer_stream"] = stream_fields(r.consumer);
+      d["accumulation_stream"] = stream_fields(r.accumulation);
+      d["ready_stream"] = stream_fields(r.ready);
+      break;
+  }
+  return d;
+}
+
+// Each reason as (code, detail): detail holds what the code's sentence
+// needs ({} for most codes).
+py::list reasons_for_python(const std::vector<BufferReason>& reasons) {
+  py::list out;
+  for (const auto& reason : reasons) {
+    py::dict detail;
+    if (reason.code == "shared" || reason.code == "storage_shared") {
+      detail["owners"] = reason.other_owners;
+    } else if (reason.code == "same_slot") {
+      detail["argument"] = reason.first_argument;
+    } else if (reason.refusal) {
+      detail = refusal_fields(*reason.refusal);
+    }
+    out.append(py::make_tuple(reason.code, detail));
+  }
+  return out;
+}
+
+}  // namespace
+
+void register_input_grad_buffers(py::module_& m, py::module_& /*testing*/) {
+  m.add_object("input_grad_buffers",
+               py::reinterpret_steal<py::object>(
+                   PyCFunction_New(&input_grad_buffers_def, nullptr)));
+  m.add_object("input_grad_buffers_property",
+               py::reinterpret_steal<py::object>(
+                   PyCFunction_New(&input_grad_buffers_property_def, nullptr)));
+  m.def(
+      "explain_input_grad_buffers",
+      [](py::handle ctx) {
+        return reasons_for_python(explain_input_grad_buffers(ctx.ptr()));
+      },
+      py::arg("ctx"));
+  // Whether ctx handed out a buffer in the graph task running on this thread.
+  m.def("exposed_in_running_task", [](py::handle ctx) {
+    auto* fn = as_ctx(ctx.ptr(), "exposed_in_running_task");
+    const auto* task = current_graph_task();
+    auto* node = node_of(fn);
+    return task != nullptr && node != nullptr && exposed_in(task, node);
+  });
+  m.def("arm_reentrancy_guard", [](py::object variable, py::object ensure) {
+    Py_XSETREF(variable_class, variable.release().ptr());
+    Py_XSETREF(ensure_guard, ensure.release().ptr());
+  });
+  m.def(
+      "make_reentrancy_guard",
+      [](py::handle original) {
+        PyObject* fn = make_reentrancy_guard(original.ptr());
+        if (fn == nullptr) {
+          throw py::error_already_set();
+        }
+        return py::reinterpret_steal<py::object>(fn);
+      },
+      py::arg("original"));
 }
 
 }  // namespace torch_ctxext

@@ -3,6 +3,8 @@
 #include "direct_accumulation.h"
 #include "engine_layout.h"
 
+#include <pybind11/pybind11.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -69,5 +71,9 @@ std::vector<BufferReason> explain_input_grad_buffers(PyObject* ctx);
 // `original(*args, **kwargs)`. Outside any backward (the common case) it
 // costs one thread-local read.
 PyObject* make_reentrancy_guard(PyObject* original);
+
+// Binds the getter (and FunctionCtx.input_grad_buffers' property), explain's
+// reasons, and the reentrancy guard into torch_ctxext._C (module.cpp).
+void register_input_grad_buffers(pybind11::module_& m, pybind11::module_& testing);
 
 }  // namespace torch_ctxext

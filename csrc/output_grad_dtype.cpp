@@ -1,5 +1,8 @@
 #include "output_grad_dtype.h"
 
+#include <pybind11/stl.h>
+#include <torch/csrc/Dtype.h>
+
 #include <stdexcept>
 #include <string>
 
@@ -189,7 +192,6 @@ size_t calls_since_sweep = 0;                                    // under the mu
 std::atomic<size_t> declared_count{0};
 std::atomic<uint64_t> locked_calls{0};
 std::atomic<uint64_t> restored{0};
-std::atomic<bool> placed{false};
 
 void publish_count_locked() {
   declared_count.store(declared.size(), std::memory_order_release);
@@ -273,18 +275,11 @@ void** validate_outputs_slot() {
   return slot;
 }
 
-std::once_flag place_once;
+GotHook uncast_hook{&validate_outputs_slot,
+                    reinterpret_cast<void*>(&validate_outputs_keeping_uncast)};
 
 void place_wrapper() {
-  std::call_once(place_once, [] {
-    void** slot = validate_outputs_slot();
-    if (slot == nullptr) {
-      return;
-    }
-    write_code_pointer(slot, reinterpret_cast<void*>(&validate_outputs_keeping_uncast));
-    placed.store(true);
-  });
-  if (!placed.load()) {
+  if (!uncast_hook.place()) {
     throw std::runtime_error(
         "torch_ctxext: set_output_grad_dtype(None) cannot be honoured on this "
         "torch build: libtorch_cpu makes no call to validate_outputs through "
@@ -317,7 +312,7 @@ size_t live_uncast_declarations() {
 }
 
 bool uncast_hook_placed() {
-  return placed.load();
+  return uncast_hook.placed();
 }
 
 uint64_t uncast_hook_locked_calls() {
@@ -331,3 +326,66 @@ uint64_t uncast_gradients_restored() {
 }  // namespace torch_ctxext
 
 #endif  // TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+
+// --- torch_ctxext._C ------------------------------------------------------------
+
+namespace py = pybind11;
+
+namespace torch_ctxext {
+
+namespace {
+
+std::optional<at::ScalarType> to_scalar_type(py::handle dtype) {
+  if (dtype.is_none()) {
+    return std::nullopt;
+  }
+  if (!THPDtype_Check(dtype.ptr())) {
+    throw py::type_error("expected a torch.dtype or None");
+  }
+  return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+}
+
+}  // namespace
+
+void register_output_grad_dtype(py::module_& m, py::module_& testing) {
+  m.def(
+      "set_output_grad_dtype",
+      [](py::handle ctx, size_t index, py::handle dtype) {
+        set_output_grad_dtype(ctx.ptr(), index, to_scalar_type(dtype));
+      },
+      py::arg("ctx"), py::arg("index"), py::arg("dtype"));
+  m.def("note_declaration", &note_declaration);
+  m.def(
+      "differentiable_outputs",
+      [](py::handle ctx) { return differentiable_outputs(ctx.ptr()); },
+      py::arg("ctx"));
+  m.def(
+      "make_apply",
+      [](py::handle original, py::handle resolver) {
+        PyObject* fn = make_apply(original.ptr(), resolver.ptr());
+        if (fn == nullptr) {
+          throw py::error_already_set();
+        }
+        return py::reinterpret_steal<py::object>(fn);
+      },
+      py::arg("original"), py::arg("resolver"));
+  m.def("apply_depth", &current_apply_depth);
+  // The name CPython's own errors print for an object's type (tp_name), for
+  // the message that refuses a dtype: "str", "Tensor",
+  // "numpy.dtypes.Float64DType", "torch.finfo".
+  m.def("type_name", [](py::handle obj) {
+    return std::string(Py_TYPE(obj.ptr())->tp_name);
+  });
+#if TORCH_CTXEXT_ENGINE_CASTS_TO_OPTIONS_DTYPE
+  // set_output_grad_dtype(None) through the validate_outputs wrapper.
+  m.def("uncast_gradients_available", &uncast_gradients_available);
+  testing.def("live_uncast_declarations", &live_uncast_declarations);
+  testing.def("uncast_hook_placed", &uncast_hook_placed);
+  testing.def("uncast_hook_locked_calls", &uncast_hook_locked_calls);
+  testing.def("uncast_gradients_restored", &uncast_gradients_restored);
+#else
+  (void)testing;
+#endif
+}
+
+}  // namespace torch_ctxext

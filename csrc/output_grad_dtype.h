@@ -2,6 +2,8 @@
 
 #include "engine_layout.h"
 
+#include <pybind11/pybind11.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -82,5 +84,10 @@ uint64_t uncast_hook_locked_calls();
 uint64_t uncast_gradients_restored();
 
 #endif
+
+// Binds set_output_grad_dtype and what its Python side needs into
+// torch_ctxext._C, and the counters for tests above into _C._testing
+// (module.cpp).
+void register_output_grad_dtype(pybind11::module_& m, pybind11::module_& testing);
 
 }  // namespace torch_ctxext

@@ -193,4 +193,14 @@ void** find_got_slot(const std::string& library, const std::string& symbol) {
   return search.slot;
 }
 
+bool GotHook::place() {
+  std::call_once(attempt_, [this] {
+    if (void** slot = find_slot_()) {
+      write_code_pointer(slot, replacement_);
+      placed_.store(true);
+    }
+  });
+  return placed_.load();
+}
+
 }  // namespace torch_ctxext

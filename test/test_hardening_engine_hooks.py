@@ -136,15 +136,15 @@ def test_the_producer_hook_validates_later_producers_and_keeps_gradients_exact()
                 sizes[fields[1]] += end - start
         return sizes
 
-    assert not ext.producer_hook_placed()
+    assert not ext._testing.producer_hook_placed()
     before = train_step()
     protections = libtorch_protections()
-    ext.place_producer_hook()
-    assert ext.producer_hook_placed()
+    ext._testing.place_producer_hook()
+    assert ext._testing.producer_hook_placed()
     # The GOT page got back exactly the protection it had.
     assert libtorch_protections() == protections, (protections, libtorch_protections())
     after = [train_step() for _ in range(3)]
-    print(before, after[-1], ext.validated_later_producers() > 0)
+    print(before, after[-1], ext._testing.validated_later_producers() > 0)
     """,
         TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS="never",
     )
@@ -158,9 +158,9 @@ def test_the_producer_hook_is_placed_at_the_first_exposure_where_later_producers
     out = run(
         FUSED_WITH_LATER_PRODUCERS
         + """
-    assert not ext.producer_hook_placed()
+    assert not ext._testing.producer_hook_placed()
     grads = train_step()
-    print(grads, ext.producer_hook_placed(), ext.validated_later_producers() > 0)
+    print(grads, ext._testing.producer_hook_placed(), ext._testing.validated_later_producers() > 0)
     """,
         TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS="always",
     )
@@ -172,7 +172,7 @@ def test_without_accelerators_no_hook_is_placed():
         FUSED_WITH_LATER_PRODUCERS
         + """
     grads = train_step()
-    print(grads, ext.producer_hook_placed())
+    print(grads, ext._testing.producer_hook_placed())
     """
     )
     assert out.strip() == "[19.0, 19.0] False", out
@@ -206,7 +206,7 @@ def test_where_the_producer_hook_cannot_be_placed_slots_expecting_later_producer
     # the second Scale's buffer still expects (x * 5) and the first Scale.
     loss = Scale.apply(x).sum() + (x * 5).sum() + Scale.apply(x).sum() + (x * 7).sum()
     loss.backward()
-    print(codes, x.grad.tolist(), _extension.load().producer_hook_placed())
+    print(codes, x.grad.tolist(), _extension.load()._testing.producer_hook_placed())
     """,
         TORCH_CTXEXT_VALIDATE_LATER_PRODUCERS="always",
     )

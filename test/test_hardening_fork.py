@@ -197,10 +197,10 @@ def _main(lock, refused_copies):
     keep = None
     if lock == "output_grad_dtype":
         keep = Uncast.apply(torch.ones(3, requires_grad=True))  # a live declaration
-        assert ext.live_uncast_declarations() == 1
+        assert ext._testing.live_uncast_declarations() == 1
     elif lock == "direct_accumulation":
         fused_backward()  # a recorded exposure, and the InputBuffer::add hook
-        assert ext.producer_hook_placed()
+        assert ext._testing.producer_hook_placed()
 
     # torch initialises some process-wide state on the first backward (on a
     # CUDA build, the device count: a function-local static). A fork while
@@ -228,9 +228,9 @@ def _main(lock, refused_copies):
     worker = threading.Thread(target=train)
     worker.start()
     if lock != "none":
-        ext._park_next_gil_free_lock(lock, PARK_MS)
+        ext._testing.park_next_gil_free_lock(lock, PARK_MS)
         deadline = time.monotonic() + 10
-        while not ext._lock_parked():
+        while not ext._testing.lock_parked():
             if time.monotonic() > deadline:
                 print("parent: the training thread never entered the lock")
                 sys.exit(2)
@@ -254,7 +254,7 @@ def _main(lock, refused_copies):
             os._exit(3)
 
     if lock != "none":
-        ext._release_parked_lock()
+        ext._testing.release_parked_lock()
     stop.set()
     worker.join()
     del keep

@@ -236,7 +236,7 @@ def test_an_import_leaves_functorchs_thread_state_as_it_found_it(case):
     before, expected = FUNCTORCH_STATE_CASES[case]
     script = (
         "import torch\n" + before + "\nimport torch_ctxext\n"
-        "print(torch_ctxext._C.functorch_tls_exists())\n" + EXIT
+        "print(torch_ctxext._C._testing.functorch_tls_exists())\n" + EXIT
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd="/", timeout=300)
     assert result.returncode == 0, result.stderr

@@ -94,9 +94,9 @@ def test_the_validate_outputs_wrapper_is_placed_only_by_a_none_declaration():
         + """
     Double.apply(x).backward(root.half())
     Plain.apply(x).backward(root)
-    before = ext.uncast_hook_placed()
+    before = ext._testing.uncast_hook_placed()
     Uncast.apply(x).backward(root)
-    print(before, ext.uncast_hook_placed(), seen)
+    print(before, ext._testing.uncast_hook_placed(), seen)
     """
     )
     assert out == "False True ['float64', 'float32', 'float64']"
@@ -110,16 +110,16 @@ def test_once_the_declaring_nodes_are_gone_the_wrapper_takes_its_fast_path():
         FUNCTIONS
         + """
     y = Uncast.apply(x)
-    alive = ext.live_uncast_declarations()
+    alive = ext._testing.live_uncast_declarations()
     y.backward(root)
     del y
     def plain_backward():
         (Plain.apply(x) * 3).sum().backward()
     plain_backward()                       # sweeps the dead record
-    locked = ext.uncast_hook_locked_calls()
+    locked = ext._testing.uncast_hook_locked_calls()
     plain_backward()
     plain_backward()
-    print(alive, ext.live_uncast_declarations(), ext.uncast_hook_locked_calls() - locked, seen)
+    print(alive, ext._testing.live_uncast_declarations(), ext._testing.uncast_hook_locked_calls() - locked, seen)
     """
     )
     assert out == "1 0 0 ['float64', 'float32', 'float32', 'float32']"
@@ -148,7 +148,7 @@ def test_a_node_born_at_a_dead_declaring_nodes_address_gets_its_gradient_cast():
         later_seen.update(seen)
         seen.clear()
         del later
-    print(reused > 0, declared_seen, later_seen, ext.live_uncast_declarations())
+    print(reused > 0, declared_seen, later_seen, ext._testing.live_uncast_declarations())
     """
     )
     assert out == "True {'float64'} {'float32'} 0"

@@ -128,10 +128,10 @@ def test_later_producers_are_validated_by_the_engine_hook_in_a_process_with_devi
         seen = []
         Scale = doubling(lambda ctx, g: fuse_into_buffer(ctx, g, exposed=seen))
         x = torch.ones(3, device="testdevice", requires_grad=True)
-        before = _C.validated_later_producers()
+        before = _C._testing.validated_later_producers()
         ((x * 3).sum() + Scale.apply(x).sum() + (x * 5).sum()).backward()
-        validated = _C.validated_later_producers() - before
-        print(_features.buffer_exposure()["later_producer_slots"], _C.producer_hook_placed(),
+        validated = _C._testing.validated_later_producers() - before
+        print(_features.buffer_exposure()["later_producer_slots"], _C._testing.producer_hook_placed(),
               seen, validated > 0, x.grad.cpu().tolist())
     """)
     line = out[0]
