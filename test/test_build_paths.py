@@ -1,6 +1,6 @@
 """A first import builds as torch.utils.cpp_extension.load would, without it.
 
-* the flags of the ninja file torch_ctxext writes (``_ext/compile.py``, in
+* the flags of the ninja file torch_ctxext writes (``_torch_ctxext_build/compile.py``, in
   the build's own process, without importing cpp_extension) are the ones
   load() writes for the same sources and flags on the running release
   (include paths, C++ standard, ABI and pybind11 defines, libraries;

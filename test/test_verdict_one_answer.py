@@ -73,8 +73,8 @@ def _descends_from(pid, ancestor):
     return False
 
 
-# In the probe's command line (the script it runs loads the build under it).
-PROBE = b"_torch_ctxext_layout_probe._C"
+# In the probe's command line (the module its process runs).
+PROBE = b"_torch_ctxext_build.layout_probe"
 
 
 class ProbeKiller(threading.Thread):

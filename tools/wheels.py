@@ -13,7 +13,7 @@ alone, which only advise() loads: torch_ctxext/_ext/advise_module.py), it:
    is installed or imported;
 2. unpacks what a compile needs (``include/``, the four libraries the
    extension links, ``version.py``) once per torch build, and reads its
-   facts from the files (``_ext/compile.py``: version, git hash, C++ ABI,
+   facts from the files (``_torch_ctxext_build/compile.py``: version, git hash, C++ ABI,
    pybind11's ABI strings);
 3. compiles the extension against it with ninja (the flags a build at first
    import uses, ``compile.cflags``); a second run with unchanged sources
