@@ -40,7 +40,9 @@ def _say(fd, kind, value):
     os.write(fd, STATUS.pack(kind, value))
 
 
-def _die_with_parent():
+def die_with_parent():
+    """Be killed (SIGKILL) when the parent process dies (``PR_SET_PDEATHSIG``;
+    nothing where the C library has no prctl)."""
     try:
         import ctypes
 
@@ -90,7 +92,7 @@ def main(argv):
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    _die_with_parent()
+    die_with_parent()
     spec = json.loads(_read_all(spec_fd))
     os.close(spec_fd)
     if os.getppid() != spec["parent"]:  # the importer ended before PR_SET_PDEATHSIG was set

@@ -7,13 +7,12 @@ loads the build to verify under a name of its own (never
 ``layout_verdict.ANSWER``. It ends with ``child.run``'s helper, which ends
 with the importer.
 """
-import ctypes
 import json
 import os
-import signal
 import sys
 
 from . import child, extension
+from .child_helper import die_with_parent
 from .layout_verdict import ANSWER
 
 
@@ -21,10 +20,7 @@ def main(argv):
     """``argv``: the spec (JSON: path, torch, library, parent)."""
     child.default_sigchld()  # an ignored SIGCHLD survives exec
     spec = json.loads(argv[0])
-    try:  # ends with child.run's helper, which ends with the importer
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    die_with_parent()  # child.run's helper, which ends with the importer
     try:
         os.kill(spec["parent"], 0)
     except ProcessLookupError:  # the importer ended before PDEATHSIG was set
