@@ -51,7 +51,8 @@ def _revision_copy(rev, site):
 
 FIND_VERDICT = (
     "import timeit, torch, torch_ctxext\n"
-    "from torch_ctxext._ext import layout_verdict as v, loader as l\n"
+    "from _torch_ctxext_build import layout_verdict as v\n"
+    "from torch_ctxext._ext import loader as l\n"
     "def find():\n"
     "    library = l.loaded.path\n"
     "    return v.read(v.beside(library))\n"
