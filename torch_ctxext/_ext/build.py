@@ -7,15 +7,16 @@ first import builds one into the build cache (``build_cache``: where builds
 live, how they are named), and later imports load it from there.
 
 The importing process only starts a child and reads its answer: the build
-runs in ``_torch_ctxext_build.build_child`` (started with ``child.run``, so that the importer's
-SIGCHLD, whatever it is, neither breaks it nor sees it). The importer hands
-it the facts of its torch (attribute reads: ``compile.target_of_running_torch``)
-and its path; the child takes the lock, writes the ninja file with the flags
-cpp_extension would use (``compile``, without importing cpp_extension or
-setuptools, without a CUDA query), compiles, checks that the library loads,
-publishes it and verifies its layout. What the child says (what it builds and
-why, the progress, a wait for another process's build) the importer prints
-on its own stderr, which it never redirects.
+runs in ``_torch_ctxext_build.build_child`` (started with ``child.run``, so
+that the importer's SIGCHLD, whatever it is, neither breaks it nor sees it).
+The importer hands it the facts of its torch (attribute reads:
+``compile.target_of_running_torch``) and its path; the child takes the lock,
+writes the ninja file with the flags cpp_extension would use (``compile``,
+without importing cpp_extension or setuptools, without a CUDA query),
+compiles, checks that the library loads, publishes it and verifies its
+layout. What the child says (what it builds and why, the progress, a wait
+for another process's build) the importer prints on its own stderr, which it
+never redirects.
 
 Several processes importing at once (the ranks of a job) build once
 (``build_lock``). A build is compiled in a private directory, renamed into
