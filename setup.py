@@ -20,11 +20,14 @@ that torch is importable here:
   installed, and the first import builds the extension for the running torch
   into a cache (torch_ctxext/_ext/build.py).
 
+What the extension is compiled from, and the layout probe, come from the
+build layer (``_torch_ctxext_build``: the standard library only), which is
+imported from beside this file and shipped beside the package.
+
 $TORCH_CTXEXT_BUILD_EXT overrides the choice: ``1`` compiles or fails, ``0``
 installs the sources only. Either way the package ships csrc/, so that a later
 torch can have its build at first import.
 """
-import importlib.util
 import os
 import re
 import sys
@@ -33,36 +36,30 @@ from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The build layer is beside this file; a PEP 517 backend runs it with
+# another directory first on the path (pip's in-process hook's).
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+from _torch_ctxext_build import layout_verdict as _verdict  # noqa: E402
+from _torch_ctxext_build import releases as _releases  # noqa: E402
+from _torch_ctxext_build import sources as _sources  # noqa: E402
+
 VERSION = "0.1.0"
-
-
-def _load_by_path(name, relative):
-    """A module of the package, without importing the package (which needs
-    torch and the extension)."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "torch_ctxext", *relative.split("/")))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_sources = _load_by_path("_torch_ctxext_sources", "_ext/sources.py")
-# The supported torch releases (torch_ctxext/_releases.py, which _sources loads).
-_releases = _sources._releases
+# The supported torch releases (_torch_ctxext_build/releases.py).
 SUPPORTED = _releases.requirement()
 
 
 def _verify_layout(library):
     """Verify the new build's layout against this torch in a child process
-    (torch_ctxext/_ext/layout_verdict.py) and install the verdict beside it,
+    (_torch_ctxext_build/layout_verdict.py) and install the verdict beside it,
     so that its first import only reads it. Where it cannot be made here,
     the first import makes it."""
-    verdict = _load_by_path("_torch_ctxext_layout_verdict", "_ext/layout_verdict.py")
     try:
-        record = verdict.verify(library)
-    except verdict.ProbeNotRun as e:
+        record = _verdict.verify(library)
+    except _verdict.ProbeNotRun as e:
         _notice(f"the layout of the new build was not verified ({e}); its first import verifies it.")
         return
-    verdict.write(verdict.beside(library), record)
+    _verdict.write(_verdict.beside(library), record)
     found = record["found"]
     _notice("the new build reads this torch's structures as its headers say." if not found
             else f"the new build does not read this torch's structures as its headers say: {found}")
@@ -163,7 +160,7 @@ def extension_build(torch):
 
     ext = CppExtension(
         name="torch_ctxext._C",
-        # The generated translation units (torch_ctxext/_ext/sources.py), under build/.
+        # The generated translation units (_torch_ctxext_build/sources.py), under build/.
         sources=[
             os.path.relpath(p, HERE)
             for p in _sources.write_units(
@@ -195,7 +192,9 @@ setup(
     name="torch_ctxext",
     version=version,
     description="The whole documented ctx contract of torch.autograd.Function on the torch you have",
-    packages=find_packages(include=["torch_ctxext", "torch_ctxext.*"]),
+    # _torch_ctxext_build: the build layer, which builds at first import,
+    # their child processes and the layout probe import without the package.
+    packages=find_packages(include=["torch_ctxext", "torch_ctxext.*", "_torch_ctxext_build"]),
     # The pytest plugin is a module of its own, outside the package: pytest
     # loads it in every run, and importing the package would patch torch.
     py_modules=["torch_ctxext_pytest"],

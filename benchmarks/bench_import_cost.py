@@ -36,12 +36,17 @@ def _revision_copy(rev, site):
     """The package of revision ``rev`` (with csrc/ inside it), sources only."""
     tree = tempfile.mkdtemp(prefix="torch_ctxext-rev-")
     try:
-        archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "torch_ctxext", "csrc"],
+        # The build layer beside the package, in the revisions that have one.
+        layer = subprocess.run(["git", "-C", ROOT, "ls-tree", "--name-only", rev, "_torch_ctxext_build"],
+                               capture_output=True, text=True, check=True).stdout.split()
+        archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "torch_ctxext", "csrc", *layer],
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
         package = os.path.join(site, "torch_ctxext")
         shutil.copytree(os.path.join(tree, "torch_ctxext"), package)
         shutil.copytree(os.path.join(tree, "csrc"), os.path.join(package, "csrc"))
+        for name in layer:
+            shutil.copytree(os.path.join(tree, name), os.path.join(site, name))
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", rev], capture_output=True,
@@ -51,7 +56,8 @@ def _revision_copy(rev, site):
 
 FIND_VERDICT = (
     "import timeit, torch, torch_ctxext\n"
-    "from torch_ctxext._ext import layout_verdict as v, loader as l\n"
+    "from _torch_ctxext_build import layout_verdict as v\n"
+    "from torch_ctxext._ext import loader as l\n"
     "def find():\n"
     "    library = l.loaded.path\n"
     "    return v.read(v.beside(library))\n"

@@ -22,7 +22,6 @@ import glob
 import importlib.util
 import json
 import os
-import runpy
 import signal
 import socket
 import subprocess
@@ -32,6 +31,7 @@ import time
 
 import pytest
 import torch
+from _torch_ctxext_build import releases
 
 ANNOUNCE = "torch_ctxext: building its C++ extension for torch"
 FEATURES = """
@@ -39,15 +39,13 @@ import json, torch_ctxext
 print(json.dumps(torch_ctxext.features()))
 """
 _PACKAGE = os.path.dirname(importlib.util.find_spec("torch_ctxext").origin)
-# The release facts, read by path (this process never imports torch_ctxext).
-_RELEASES = runpy.run_path(os.path.join(_PACKAGE, "_releases.py"))
 # The members torch_ctxext adds to the running torch (everything on 2.15 is native).
 # And a copy installed from source (what pip installs without build
 # isolation, and CI): one that carries its own build (compiled in place, the
 # sanitizers' copy; a wheel) never builds at first import.
 _CARRIES_ITS_OWN_BUILD = bool(glob.glob(os.path.join(_PACKAGE, "_C*.so")))
 NEEDS_EXTENSION = pytest.mark.skipif(
-    all(_RELEASES["native"](member, torch.__version__) for member in _RELEASES["NATIVE_FROM"])
+    releases.all_native(torch.__version__)
     or _CARRIES_ITS_OWN_BUILD,
     reason="the running torch needs no extension, or this copy of torch_ctxext carries its own build",
 )

@@ -1,6 +1,6 @@
 """A first import builds as torch.utils.cpp_extension.load would, without it.
 
-* the flags of the ninja file torch_ctxext writes (``_ext/compile.py``, in
+* the flags of the ninja file torch_ctxext writes (``_torch_ctxext_build/compile.py``, in
   the build's own process, without importing cpp_extension) are the ones
   load() writes for the same sources and flags on the running release
   (include paths, C++ standard, ABI and pybind11 defines, libraries;
@@ -54,8 +54,8 @@ def test_the_flags_and_the_ninja_command_are_the_ones_load_uses(tmp_path, monkey
     import torch.utils.cpp_extension as cpp_extension
     from torch.utils._cpp_extension_versioner import ExtensionVersioner
 
-    from torch_ctxext._ext import compile as _compile
-    from torch_ctxext._ext import sources as _sources
+    from _torch_ctxext_build import compile as _compile
+    from _torch_ctxext_build import sources as _sources
 
     for name in ("TORCH_CTXEXT_EXTRA_CFLAGS", "TORCH_CTXEXT_EXTRA_LDFLAGS", "MAX_JOBS"):
         monkeypatch.delenv(name, raising=False)
@@ -99,7 +99,7 @@ def test_the_facts_read_from_torch_s_files_are_the_ones_the_running_torch_report
     """What the wheels compile with (tools/wheels.py reads a torch it does
     not import) is what a build at import reads from the running torch:
     version, git hash, C++ ABI, pybind11's ABI strings."""
-    from torch_ctxext._ext import compile as _compile
+    from _torch_ctxext_build import compile as _compile
 
     include = sysconfig.get_path("include", scheme="posix_prefix")
     running = _compile.target_of_running_torch(torch, include)
@@ -108,7 +108,7 @@ def test_the_facts_read_from_torch_s_files_are_the_ones_the_running_torch_report
 
 
 def test_a_libc10_this_cannot_read_is_said():
-    from torch_ctxext._ext import compile as _compile
+    from _torch_ctxext_build import compile as _compile
 
     with pytest.raises(ValueError, match="exports no c10::detail::torchCheckFail"):
         _compile.cxx11_abi(os.__file__)
@@ -184,9 +184,9 @@ def test_progress_names_each_compiled_source_even_under_a_path_with_a_space(tmp_
     """ninja quotes a path with a space in the commands it prints; the
     progress line still names the source each step compiled."""
     from torch_ctxext._ext import build as _build
-    from torch_ctxext._ext import build_child as _child
-    from torch_ctxext._ext import compile as _compile
-    from torch_ctxext._ext import sources as _sources
+    from _torch_ctxext_build import build_child as _child
+    from _torch_ctxext_build import compile as _compile
+    from _torch_ctxext_build import sources as _sources
 
     partial = tmp_path / "a cache with spaces" / "build.partial-x"
     partial.mkdir(parents=True)
@@ -217,7 +217,7 @@ def test_progress_names_each_compiled_source_even_under_a_path_with_a_space(tmp_
 def _ninja_gives_exit_statuses():
     """Whether the ninja a build runs prints a failed command's exit status
     ("FAILED: [code=1] out", ninja 1.12 and later)."""
-    from torch_ctxext._ext import build_child as _child
+    from _torch_ctxext_build import build_child as _child
 
     version = subprocess.run([_child.find_ninja(), "--version"], capture_output=True, text=True).stdout
     return tuple(int(n) for n in re.findall(r"\d+", version)[:2]) >= (1, 12)
@@ -269,7 +269,7 @@ def test_a_step_ninja_calls_failed_is_shown_failed_even_if_it_left_its_file(tmp_
     compiler that wrote it, then failed) is shown again as failed."""
     import json
 
-    from torch_ctxext._ext import build_child as _child
+    from _torch_ctxext_build import build_child as _child
 
     (tmp_path / "unit_a.cpp").write_text('#include "/src/csrc/one.cpp"\n#include "/src/csrc/two.cpp"\n')
     (tmp_path / "unit_a.o").write_bytes(b"")  # written, yet the step fails

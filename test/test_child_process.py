@@ -1,6 +1,6 @@
 """The children an import starts (the build, the layout probe), in a big process.
 
-``torch_ctxext._ext.child.run`` starts a small helper that is exec'd at once
+``_torch_ctxext_build.child.run`` starts a small helper that is exec'd at once
 (``posix_spawn``) and starts the command: nothing of the importer is copied,
 no handler of the importer runs outside it, no fd of the importer's reaches
 the helper or the command, any number of open fds works, and where
@@ -17,17 +17,16 @@ import textwrap
 import pytest
 
 from install_env import ROOT
-from torch_ctxext._ext import child
+from _torch_ctxext_build import child
 
 pytestmark = pytest.mark.skipif(not child.supported(), reason="child.run needs a POSIX system and sys.executable")
 
-# Imports only child.py, as the build's importer reaches it (not the package:
-# no build is wanted here).
+# Imports only the build layer's child, as the build's importer reaches it
+# (not the package: no build is wanted here).
 PRELUDE = textwrap.dedent(f"""
-    import importlib.util, os, signal, sys, threading, time
-    spec = importlib.util.spec_from_file_location("child", {os.path.join(ROOT, "torch_ctxext", "_ext", "child.py")!r})
-    child = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(child)
+    import os, signal, sys, threading, time
+    sys.path.insert(0, {ROOT!r})
+    from _torch_ctxext_build import child
 """)
 
 
@@ -247,7 +246,7 @@ def test_info_says_how_children_are_started():
     code = textwrap.dedent("""
         import sys
         from torch_ctxext.__main__ import main
-        from torch_ctxext._ext import child
+        from _torch_ctxext_build import child
         main(["info"])
         child.how = "subprocess (posix_spawn refused: Operation not permitted)"
         main(["info"])

@@ -149,8 +149,8 @@ def test_the_first_import_says_what_it_builds_and_why_then_shows_progress(first_
     assert os.path.isfile(log)
     steps = [re.match(r"torch_ctxext: \[(\d+)/(\d+)\] (compiled \S+\.cpp|linked _C\.so)$", line) for line in lines]
     steps = [m for m in steps if m]
-    # One step per generated translation unit (torch_ctxext/_ext/sources.py), then the link.
-    from torch_ctxext._ext import sources as _sources
+    # One step per generated translation unit (_torch_ctxext_build/sources.py), then the link.
+    from _torch_ctxext_build import sources as _sources
 
     total = len(_sources.units(os.path.join(ROOT, "csrc"), torch.__version__)) + 1
     assert [int(m.group(1)) for m in steps] == list(range(1, total + 1))

@@ -2,7 +2,7 @@
 
 A first import (an empty build cache: a source install, the first job after a
 torch upgrade) builds the extension. Everything of the build happens in a
-child process (torch_ctxext/_ext/build_child.py); the importer only starts it
+child process (_torch_ctxext_build/build_child.py); the importer only starts it
 and reads its answer. So, compared with the same process before the import:
 
 * the same threads and no child left; every signal's disposition unchanged;
@@ -14,7 +14,7 @@ and reads its answer. So, compared with the same process before the import:
 * no ResourceWarning;
 * an importer whose SIGCHLD is ignored, or handled by a handler that reaps
   every child, builds as any other (the handler runs at most once for each
-  child the import starts, the helper of ``_ext/child.py``, never for the
+  child the import starts, the helper of ``_torch_ctxext_build/child.py``, never for the
   build's own processes), and every status is read right: a build killed
   by a signal is said so, not "status 0".
 

@@ -21,7 +21,6 @@ Run directly (``python test_hardening_fork.py LOCK [REFUSED_COPY...]``) it is
 that subprocess; it first loads each REFUSED_COPY (a copy of the library),
 which must be refused.
 """
-import importlib.util
 import os
 import shutil
 import signal
@@ -167,11 +166,12 @@ def test_every_lock_the_engine_takes_without_the_gil_is_fork_safe():
 def _load_refused_copies(paths):
     """Load each copy of the library, under a name of its own; each must be
     refused (an ImportError naming the loaded copy)."""
+    from _torch_ctxext_build import extension
+
     refused = 0
     for i, path in enumerate(paths):
-        spec = importlib.util.spec_from_file_location(f"refused_copy_{i}._C", path)
         try:
-            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            extension.load(f"refused_copy_{i}._C", path)
         except ImportError as error:
             refused += "another copy of torch_ctxext's C++ extension is already loaded" in str(error)
     print(f"refused copies: {refused} of {len(paths)}", flush=True)

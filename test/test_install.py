@@ -19,7 +19,6 @@ import re
 import subprocess
 import sys
 import tarfile
-import textwrap
 import zipfile
 
 import pytest
@@ -109,16 +108,13 @@ def test_pip_install_without_build_isolation_resolves_against_the_installed_torc
     assert f"torch=={importlib.metadata.version('torch')}" in install["metadata"]["requires_dist"]
 
 
-def test_setup_without_torch_installs_the_sources_unless_told_to_compile():
-    code = f"""
-        import sys, runpy
-        sys.modules["torch"] = None
-        sys.argv = ["setup.py", "--version"]
-        runpy.run_path({os.path.join(ROOT, "setup.py")!r})
-    """
-    sources_only = run([sys.executable, "-c", textwrap.dedent(code)])
+def test_setup_without_torch_installs_the_sources_unless_told_to_compile(tmp_path):
+    (tmp_path / "torch").mkdir()  # first on the path: a torch that cannot be imported
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('no torch in this build environment')\n")
+    setup_version = [sys.executable, os.path.join(ROOT, "setup.py"), "--version"]
+    sources_only = run(setup_version, PYTHONPATH=tmp_path)
     assert sources_only.returncode == 0 and sources_only.stdout.strip() == "0.1.0"
-    must_compile = run([sys.executable, "-c", textwrap.dedent(code)], TORCH_CTXEXT_BUILD_EXT=1)
+    must_compile = run(setup_version, PYTHONPATH=tmp_path, TORCH_CTXEXT_BUILD_EXT=1)
     assert must_compile.returncode == 1
     assert must_compile.stderr.strip().splitlines() == [
         "torch_ctxext: TORCH_CTXEXT_BUILD_EXT=1 but torch is not importable here: install "

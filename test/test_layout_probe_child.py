@@ -19,7 +19,8 @@ import textwrap
 import pytest
 
 from test_layout_verdict import BACKPORTED, FEATURES, copied_build, needs_extension  # noqa: F401  (copied_build: a fixture)
-from torch_ctxext._ext import layout_verdict, loader
+from _torch_ctxext_build import layout_verdict
+from torch_ctxext._ext import loader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -52,7 +53,7 @@ def crashing_library(tmp_path):
 
 PROBES_UNDER = """
 import json, os, signal, sys
-from torch_ctxext._ext import layout_verdict
+from _torch_ctxext_build import layout_verdict
 seen = []
 if sys.argv[1] == "ignored":
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)

@@ -24,7 +24,8 @@ import torch
 
 import torch_ctxext
 from torch_ctxext import _features
-from torch_ctxext._ext import layout_check, layout_verdict, loader
+from _torch_ctxext_build import layout_check, layout_verdict
+from torch_ctxext._ext import loader
 
 BACKPORTED = [m for m, s in torch_ctxext.features().items() if s != "native"]
 needs_extension = pytest.mark.skipif(not BACKPORTED, reason="the running torch needs no extension")

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 import torch_ctxext
-from torch_ctxext._ext import layout_verdict as _verdict
+from _torch_ctxext_build import layout_verdict as _verdict
 from torch_ctxext._ext import loader
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))

@@ -121,9 +121,14 @@ def test_the_extension_refuses_to_load_against_another_torch_build(tmp_path):
     cache: an ImportError naming both builds and how to rebuild."""
     import shutil
 
+    import _torch_ctxext_build
+
     package = os.path.dirname(torch_ctxext.__file__)
     copy = tmp_path / "torch_ctxext"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    # Its build layer beside it, as an install lays them out.
+    build_layer = os.path.dirname(_torch_ctxext_build.__file__)
+    shutil.copytree(build_layer, tmp_path / os.path.basename(build_layer), ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "_build_info.py").write_text(
         "TORCH_VERSION = '2.13.9+cpu'\nTORCH_GIT_VERSION = 'deadbeef' * 5\n"
     )

@@ -60,14 +60,13 @@ def test_the_same_library_loaded_again_from_another_path_is_refused_naming_both(
     shutil.copyfile(first, second)
     code, output = run(
         """
-        import importlib.util, sys
+        import sys
         import torch_ctxext
-        from torch_ctxext._ext import loader as _extension
+        from _torch_ctxext_build import extension
         first_copy_intact()
         for name, path in (("vendored._C", sys.argv[1]), ("vendored_again._C", sys.argv[2])):
-            spec = importlib.util.spec_from_file_location(name, path)
             try:
-                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+                extension.load(name, path)
             except ImportError as error:
                 print("refused:", error)
             else:

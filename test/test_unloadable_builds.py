@@ -32,7 +32,8 @@ import pytest
 import torch
 
 import torch_ctxext
-from torch_ctxext._ext import build_cache, loader, sources
+from _torch_ctxext_build import sources
+from torch_ctxext._ext import build_cache, loader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))

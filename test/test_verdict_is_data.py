@@ -14,7 +14,8 @@ import json
 import pytest
 
 from test_layout_verdict import BACKPORTED, FEATURES, copied_build, run  # noqa: F401  (copied_build: a fixture)
-from torch_ctxext._ext import layout_verdict, loader
+from _torch_ctxext_build import layout_verdict
+from torch_ctxext._ext import loader
 
 needs_boxed_path = pytest.mark.skipif(
     "apply_boxed" not in BACKPORTED, reason="boxed grads are native on this torch: no vtable offset is read"

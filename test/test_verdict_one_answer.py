@@ -24,7 +24,7 @@ import time
 import pytest
 
 from test_layout_verdict import BACKPORTED, FEATURES, copied_build, needs_extension  # noqa: F401  (copied_build: a fixture)
-from torch_ctxext._ext import layout_verdict
+from _torch_ctxext_build import layout_verdict
 
 VERIFYING = "verifying that its extension reads the structures"
 ALL = {m: "torch_ctxext" for m in BACKPORTED}
@@ -73,8 +73,8 @@ def _descends_from(pid, ancestor):
     return False
 
 
-# In the probe's command line (the script it runs loads the build under it).
-PROBE = b"_torch_ctxext_layout_probe._C"
+# In the probe's command line (the module its process runs).
+PROBE = b"_torch_ctxext_build.layout_probe"
 
 
 class ProbeKiller(threading.Thread):

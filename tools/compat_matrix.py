@@ -15,7 +15,6 @@ import glob
 import json
 import os
 import re
-import runpy
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,9 +23,9 @@ README = os.path.join(ROOT, "README.md")
 KEPT = os.path.join(ROOT, "docs", "compat")
 BEGIN, END = "<!-- compatibility matrix: begin -->", "<!-- compatibility matrix: end -->"
 
-
-# The release facts (stdlib only, read by path: this tool runs without torch).
-release = runpy.run_path(os.path.join(ROOT, "torch_ctxext", "_releases.py"))["release"]
+# The release facts (the build layer: this tool runs without torch).
+sys.path.append(ROOT)
+from _torch_ctxext_build.releases import release  # noqa: E402
 
 
 def label(report):

@@ -1,8 +1,9 @@
 """A copy of the torch_ctxext package as an install lays it out, for the tests and benchmarks that install one by hand.
 
-* :func:`sources_only_copy`: the package with its C++ sources and nothing
-  built (no extension, no build record, no packaged binaries): what an sdist
-  or a checkout installs;
+* :func:`sources_only_copy`: the package with its C++ sources and its build
+  layer (``_torch_ctxext_build``, beside it) and nothing built (no
+  extension, no build record, no packaged binaries): what an sdist or a
+  checkout installs;
 * :func:`add_packaged_binaries`: binaries as a wheel carries them,
   ``_binaries/<name>/_C.so`` and ``_binaries/manifest.json`` (each build's
   manifest entry with its path and digest; see ``torch_ctxext/_ext/loader.py``).
@@ -12,6 +13,8 @@
     >>> package = sources_only_copy(os.path.join(ROOT, "torch_ctxext"), site)
     >>> sorted(n for n in os.listdir(package) if n in ("csrc", "_binaries"))
     ['csrc']
+    >>> sorted(os.listdir(site))
+    ['_torch_ctxext_build', 'torch_ctxext']
 """
 import hashlib
 import json
@@ -21,17 +24,22 @@ import shutil
 __all__ = ["sources_only_copy", "add_packaged_binaries", "ROOT"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD_LAYER = "_torch_ctxext_build"
 _NOT_SOURCES = shutil.ignore_patterns("__pycache__", "_C*", "_build_info.py", "_binaries")
 
 
 def sources_only_copy(package_dir, site):
     """Copy the package at ``package_dir`` (a checkout's ``torch_ctxext/`` or
     an installed one) to ``site/torch_ctxext`` without anything built, with
-    ``csrc/`` inside it (taken from beside the package in a checkout);
-    returns the copy's directory."""
+    ``csrc/`` inside it (taken from beside the package in a checkout), and
+    its build layer to ``site/_torch_ctxext_build``; returns the copy's
+    directory."""
     package = os.path.join(site, "torch_ctxext")
     shutil.copytree(package_dir, package, ignore=_NOT_SOURCES)
-    csrc = os.path.join(os.path.dirname(os.path.abspath(package_dir)), "csrc")
+    beside = os.path.dirname(os.path.abspath(package_dir))
+    shutil.copytree(os.path.join(beside, BUILD_LAYER), os.path.join(site, BUILD_LAYER),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    csrc = os.path.join(beside, "csrc")
     if not os.path.isdir(os.path.join(package, "csrc")) and os.path.isdir(csrc):
         shutil.copytree(csrc, os.path.join(package, "csrc"))
     return package

@@ -11,9 +11,9 @@ after torch is installed and before the wheel is. For each WHEEL it:
    (``torch_ctxext/_binaries/manifest.json``: torch version, git hash, C++
    ABI and CPython equal to the running ones, as ``loader.choose_packaged``
    matches them), its digest checked against the manifest;
-2. extracts the wheel's package to a temporary directory and runs the
-   wheel's own ``_ext/layout_verdict.py`` there (``verify``: the layout
-   probe, in a child process, against this torch): the verdict is made by the
+2. extracts the wheel's package and build layer to a temporary directory and
+   runs the wheel's own ``_torch_ctxext_build.layout_verdict`` there (``verify``:
+   the layout probe, in a child process, against this torch): the verdict is made by the
    code that will read it, whichever checkout runs this tool;
 3. refuses a verdict that is not clean (a structure that does not read back
    as the headers say, a probe that crashed or could not run): the wheel is
@@ -41,7 +41,7 @@ import argparse
 import base64
 import csv
 import hashlib
-import importlib.util
+import importlib
 import io
 import json
 import os
@@ -52,6 +52,7 @@ import time
 import zipfile
 
 PACKAGE = "torch_ctxext"
+BUILD_LAYER = "_torch_ctxext_build"
 BINARIES = f"{PACKAGE}/_binaries"
 MANIFEST = f"{BINARIES}/manifest.json"
 
@@ -64,10 +65,15 @@ def say(text):
     print(f"wheel_verdicts: {text}", flush=True)
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def _build_layer(directory, name):
+    """The module ``name`` of the wheel's own build layer, unpacked in
+    ``directory`` (imported from there: the key and the probe are the ones
+    the installed wheel uses)."""
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    module = importlib.import_module(f"{BUILD_LAYER}.{name}")
+    if not module.__file__.startswith(os.path.join(directory, "")):
+        raise RuntimeError(f"{module.__name__} was imported from {module.__file__}, not from the wheel")
     return module
 
 
@@ -141,8 +147,8 @@ def add_verdict(wheel):
         binary = f"{BINARIES}/{entry['path']}"
         directory = tempfile.mkdtemp(prefix="torch_ctxext-wheel-verdict-")
         try:
-            # The package, less the other builds' binaries (not needed, and large).
-            z.extractall(directory, [n for n in z.namelist() if n.startswith(PACKAGE + "/")
+            # The package and its build layer, less the other builds' binaries (not needed, and large).
+            z.extractall(directory, [n for n in z.namelist() if n.startswith((PACKAGE + "/", BUILD_LAYER + "/"))
                                      and (not n.startswith(BINARIES + "/") or n == binary)])
             return _verify_and_add(wheel, directory, binary, entry, here)
         finally:
@@ -154,14 +160,13 @@ def _verify_and_add(wheel, directory, binary, entry, here):
     with open(library, "rb") as f:
         if hashlib.sha256(f.read()).hexdigest() != entry.get("sha256"):
             raise NoVerdict(f"its binary {binary} is damaged (its digest is not the manifest's)")
-    package = os.path.join(directory, PACKAGE)
-    releases = _load("_torch_ctxext_wheel_releases", os.path.join(package, "_releases.py"))
+    releases = _build_layer(directory, "releases")
     if releases.all_native(here["torch"]):
         return (f"torch {here['torch']} provides every member natively: the import loads no binary and "
                 "reads no verdict; nothing added")
-    # The wheel's own copy, loaded by its path without the package (as
-    # setup.py loads it): it finds layout_check.py and child.py beside it.
-    verdicts = _load("_torch_ctxext_wheel_layout_verdict", os.path.join(package, "_ext", "layout_verdict.py"))
+    # The wheel's own copy, without the package (as setup.py imports it); its
+    # probe's process imports the same copy.
+    verdicts = _build_layer(directory, "layout_verdict")
     try:
         record = verdicts.verify(library)
     except verdicts.ProbeNotRun as e:

@@ -13,7 +13,7 @@ alone, which only advise() loads: torch_ctxext/_ext/advise_module.py), it:
    is installed or imported;
 2. unpacks what a compile needs (``include/``, the four libraries the
    extension links, ``version.py``) once per torch build, and reads its
-   facts from the files (``_ext/compile.py``: version, git hash, C++ ABI,
+   facts from the files (``_torch_ctxext_build/compile.py``: version, git hash, C++ ABI,
    pybind11's ABI strings);
 3. compiles the extension against it with ninja (the flags a build at first
    import uses, ``compile.cflags``); a second run with unchanged sources
@@ -34,14 +34,13 @@ runs ``python -m torch_ctxext check`` (tools/wheel_check.py; a release step:
 every release x CPython, hours and ~5 GB of disk per venv at a time).
 
 Everything downloaded or compiled is kept in ``--cache`` (default
-$TORCH_CTXEXT_CACHE/wheels, ~/.cache/torch_ctxext/wheels).
+$TORCH_CTXEXT_CACHE/wheels, ~/.cache/torch_ctxext/wheels: ``_torch_ctxext_build.cache.home()``).
 """
 import argparse
 import base64
 import csv
 import glob
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -55,6 +54,11 @@ import zipfile
 import find_cpython  # beside this file (run as a script, tools/ is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the checkout's build layer, which this tool compiles with
+from _torch_ctxext_build import releases, sources  # noqa: E402
+from _torch_ctxext_build.cache import LIBRARY, home as cache_home  # noqa: E402
+from _torch_ctxext_build import compile as compile_  # noqa: E402
+
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 # What a compile needs of a torch wheel.
 MEMBERS = ("torch/version.py", "torch/lib/libc10.so", "torch/lib/libtorch.so", "torch/lib/libtorch_cpu.so",
@@ -62,16 +66,6 @@ MEMBERS = ("torch/version.py", "torch/lib/libc10.so", "torch/lib/libtorch.so", "
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-compile_ = _load("_torch_ctxext_compile", os.path.join(ROOT, "torch_ctxext", "_ext", "compile.py"))
-releases = compile_._releases
-sources = compile_.sources
 MANIFEST = "manifest.json"
 
 
@@ -205,7 +199,7 @@ def compile_one(target, tag, directory):
     done = subprocess.run([ninja] + compile_.ninja_arguments(), cwd=directory, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"wheels: the build against torch {target.torch_version} ({tag}) failed:\n{done.stdout[-4000:]}")
-    return os.path.join(directory, "_C.so"), "no work to do" not in done.stdout
+    return os.path.join(directory, LIBRARY), "no work to do" not in done.stdout
 
 
 # --- 4. the wheels ---------------------------------------------------------------
@@ -245,8 +239,8 @@ def assemble(pure, python, binaries, out, platform):
     for name, path, entry in binaries:
         with open(path, "rb") as f:
             data = f.read()
-        files[f"torch_ctxext/_binaries/{name}/_C.so"] = data
-        manifest["builds"].append(dict(entry, path=f"{name}/_C.so", sha256=hashlib.sha256(data).hexdigest(),
+        files[f"torch_ctxext/_binaries/{name}/{LIBRARY}"] = data
+        manifest["builds"].append(dict(entry, path=f"{name}/{LIBRARY}", sha256=hashlib.sha256(data).hexdigest(),
                                        size=len(data)))
     files[f"torch_ctxext/_binaries/{MANIFEST}"] = (json.dumps(manifest, indent=1) + "\n").encode()
     record = f"{dist_info}/RECORD"
@@ -345,8 +339,7 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(ROOT, "dist"))
     parser.add_argument("--verify", action="store_true",
                         help="then install each wheel beside each torch in a fresh venv and check it there")
-    parser.add_argument("--cache", default=os.path.join(
-        os.environ.get("TORCH_CTXEXT_CACHE") or os.path.expanduser("~/.cache/torch_ctxext"), "wheels"))
+    parser.add_argument("--cache", default=os.path.join(cache_home(), "wheels"))
     args = parser.parse_args(argv)
     pythons = [p.strip() for p in args.python.split(",") if p.strip()]
     wanted = [r.strip() for r in args.torch.split(",") if r.strip()]

@@ -70,6 +70,7 @@ def _info(args):
             print(f"torch_ctxext   cannot be imported: {refusal}")
         return 2
     import torch_ctxext
+    from _torch_ctxext_build.cache import BUILD_AGAIN
     from torch_ctxext import _features, _releases
     from torch_ctxext._ext import build as _build
     from torch_ctxext.conformance import report as _report
@@ -88,7 +89,7 @@ def _info(args):
     if failure is not None:  # which failures the cache remembers, and until when
         if failure.remembered:
             print(f"build failure  remembered (a compile error): later imports report it "
-                  f"without compiling until `{_build.REBUILD}`")
+                  f"without compiling until `{BUILD_AGAIN}`")
         else:
             print("build failure  not remembered (it may not recur): the next import tries again")
     return 0

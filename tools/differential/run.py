@@ -14,7 +14,6 @@ before the scenarios run (to exercise the backport on older torch).
 import argparse
 import json
 import os
-import runpy
 import sys
 import traceback
 
@@ -75,11 +74,10 @@ def run(out, k=None, device=None):
     return 0
 
 
-# The release facts, read by path: native 2.15 runs the scenarios without
-# importing torch_ctxext (torch_ctxext/_releases.py is the standard library only).
-release = runpy.run_path(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "torch_ctxext", "_releases.py")
-)["release"]
+# The release facts (the build layer): native 2.15 runs the scenarios
+# without importing torch_ctxext.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from _torch_ctxext_build.releases import release  # noqa: E402
 
 
 def load_allowed(path, torch_version=None):

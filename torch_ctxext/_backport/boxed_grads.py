@@ -70,9 +70,9 @@ def _install_path():
     """Route PyNode::apply through the boxed path. PyNode's vtable is where
     the layout probe saw it, in a child process (its verdict's facts, kept
     for this very libtorch_python): nothing of autograd runs here."""
-    from .._ext import loader
+    from _torch_ctxext_build import layout_verdict
 
-    from .._ext import layout_verdict
+    from .._ext import loader
 
     facts = loader.verdict["facts"]  # there is one: members are installed only after it
     offset = facts.get("pynode_vtable_offset")

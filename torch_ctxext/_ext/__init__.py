@@ -1,8 +1,11 @@
-"""The C++ extension's layer: what it is compiled from (``sources``), where
-builds live (``build_cache``), building one for the running torch
-(``build``), loading only a build made for it (``loader``) and checking at
-import that the engine reads back as the headers say (``layout_check``).
+"""The C++ extension's layer in the package: building one for the running
+torch at import (``build``), which build in the cache is its (``build_cache``),
+loading only a build made for it and its layout verdict (``loader``), and
+advise()'s watch on a torch that needs nothing else (``advise_module``).
 
-Nothing here patches torch; ``torch_ctxext/__init__.py`` loads the extension
-through ``loader.load()`` only where the running torch lacks a member.
+What these call into, without torch and without the package (what the
+extension is compiled from, the build's processes, the layout probe and its
+verdicts): ``_torch_ctxext_build``. Nothing here patches torch;
+``torch_ctxext/__init__.py`` loads the extension through ``loader.load()``
+only where the running torch lacks a member.
 """

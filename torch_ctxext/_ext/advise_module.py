@@ -20,13 +20,13 @@ Python, as it can anywhere, at a higher cost per backward
 (docs/where-fusing-pays.md). Looked for once per process; :data:`choice`
 says what was taken, or why nothing was (``python -m torch_ctxext info``).
 """
-import importlib.util
 import sys
 import threading
 
 import torch
+from _torch_ctxext_build import extension, sources
 
-from . import build_cache, loader, sources
+from . import build_cache, loader
 
 # The module's name: beside advise's Python (torch_ctxext._advise), never
 # torch_ctxext._C, which says "the extension is loaded" to the rest of the
@@ -68,9 +68,7 @@ def _load(path):
     if found is None:
         return None
     path, origin = found
-    spec = importlib.util.spec_from_file_location(NAME, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # not in sys.modules until it proves to be for this torch
+    module = extension.load(NAME, path)  # not in sys.modules until it proves to be for this torch
     built_for = (getattr(module, "built_for_torch", None), getattr(module, "built_for_git_version", None))
     if not getattr(module, "advise_only", False) or built_for != (torch.__version__, torch.version.git_version):
         choice = (f"{path} is not advise()'s watch built for torch {torch.__version__} "

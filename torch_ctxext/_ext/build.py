@@ -7,15 +7,16 @@ first import builds one into the build cache (``build_cache``: where builds
 live, how they are named), and later imports load it from there.
 
 The importing process only starts a child and reads its answer: the build
-runs in ``build_child`` (started with ``child.run``, so that the importer's
-SIGCHLD, whatever it is, neither breaks it nor sees it). The importer hands
-it the facts of its torch (attribute reads: ``compile.target_of_running_torch``)
-and its path; the child takes the lock, writes the ninja file with the flags
-cpp_extension would use (``compile``, without importing cpp_extension or
-setuptools, without a CUDA query), compiles, checks that the library loads,
-publishes it and verifies its layout. What the child says (what it builds and
-why, the progress, a wait for another process's build) the importer prints
-on its own stderr, which it never redirects.
+runs in ``_torch_ctxext_build.build_child`` (started with ``child.run``, so
+that the importer's SIGCHLD, whatever it is, neither breaks it nor sees it).
+The importer hands it the facts of its torch (attribute reads:
+``compile.target_of_running_torch``) and its path; the child takes the lock,
+writes the ninja file with the flags cpp_extension would use (``compile``,
+without importing cpp_extension or setuptools, without a CUDA query),
+compiles, checks that the library loads, publishes it and verifies its
+layout. What the child says (what it builds and why, the progress, a wait
+for another process's build) the importer prints on its own stderr, which it
+never redirects.
 
 Several processes importing at once (the ranks of a job) build once
 (``build_lock``). A build is compiled in a private directory, renamed into
@@ -36,24 +37,13 @@ import os
 import sys
 
 import torch
+from _torch_ctxext_build import child, compile, layout_verdict, sources
+from _torch_ctxext_build.build_lock import ENV_TIMEOUT, build_timeout, say, stderr_is_a_terminal, to_stderr
+from _torch_ctxext_build.cache import ENV_CACHE, LIBRARY
 
-from . import build_cache, child, compile, layout_verdict, sources
-from .build_cache import LIBRARY
-# The lock, shared with the layout verdict's (loader): named here too.
-from .build_lock import _LockTimeout, _locked, _say, _stderr_is_a_terminal, _to_stderr  # noqa: F401
+from . import build_cache
 
 ENV_JIT = "TORCH_CTXEXT_JIT"
-ENV_TIMEOUT = "TORCH_CTXEXT_BUILD_TIMEOUT"
-REBUILD = "python -m torch_ctxext build --force"
-# How long an import waits for another process's build of the same extension.
-# A build takes 15 to 20 s on 2 idle cores (docs/benchmarks.md) and was
-# measured at 2.5 min on a loaded 2-core CI machine when it took a minute on
-# idle ones; 600 s is four times that. A builder that has not
-# finished by then is almost certainly stuck (stopped with Ctrl-Z, hung on a
-# network filesystem) rather than slow, and a waiter is better off importing
-# without the members than hanging the job. Waiting processes all time out
-# about together, so the ranks of a job still agree with each other.
-DEFAULT_TIMEOUT = 600.0
 
 
 class ExtensionBuildError(ImportError):
@@ -80,23 +70,6 @@ def jit_enabled():
     return os.environ.get(ENV_JIT, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def build_timeout():
-    """Seconds to wait for another process's build: $TORCH_CTXEXT_BUILD_TIMEOUT
-    (``inf``: no bound), else DEFAULT_TIMEOUT. A value that is not a
-    non-negative number is said and ignored: an import never fails over it."""
-    value = os.environ.get(ENV_TIMEOUT, "").strip()
-    if not value:
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:  # also NaN
-        _say(f"ignoring {ENV_TIMEOUT}={value!r} (not a number of seconds); waiting at most {DEFAULT_TIMEOUT:.0f} s")
-        return DEFAULT_TIMEOUT
-    return seconds
-
-
 # What became of the last build this process tried (``python -m torch_ctxext
 # info``): None, or the ExtensionBuildError it raised.
 last_failure = None
@@ -106,32 +79,25 @@ last_failure = None
 # Starting the build's process and reading its answer
 # --------------------------------------------------------------------------
 
-_CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_child.py")
-# Run as `python -c _BOOT build_child.py`: neither the importer's working
-# directory nor the script's own directory first on its path (a json.py or
-# signal.py there must not stand in for the standard library's).
-_BOOT = "import sys; del sys.path[0]; p = sys.argv[1]; sys.argv = [p]; __file__ = p; exec(compile(open(p).read(), p, 'exec'))"
-
-
 class _Progress:
     """Ninja's steps as they finish: one line updated in place on a terminal,
     a line per step otherwise (logs of batch jobs)."""
 
     def __init__(self):
-        self.tty = _stderr_is_a_terminal()
+        self.tty = stderr_is_a_terminal()
         self.shown = False
 
     def step(self, done, total, what):
         text = f"torch_ctxext: [{done}/{total}] {what}"
         if self.tty:
-            _to_stderr("\r\033[K" + text)
+            to_stderr("\r\033[K" + text)
             self.shown = True
         else:
-            _to_stderr(text + "\n")
+            to_stderr(text + "\n")
 
     def close(self):
         if self.shown:
-            _to_stderr("\n")
+            to_stderr("\n")
             self.shown = False
 
 
@@ -170,7 +136,7 @@ def _spec(reason, force, csrc, key, replace=None):
     return {
         "parent": os.getpid(), "reason": reason, "force": force, "replace": replace, "csrc": csrc, "root": root,
         "key": key,
-        "timeout": build_timeout(), "env_timeout": ENV_TIMEOUT, "env_cache": build_cache.ENV_CACHE,
+        "timeout": build_timeout(), "env_timeout": ENV_TIMEOUT, "env_cache": ENV_CACHE,
         "target": target, "torch_file": os.path.abspath(torch.__file__),
         # The importer's path as the layout probe takes it (strings, absolute, less the
         # entry Python put first for the importer's cwd or script), for torch's import there.
@@ -200,14 +166,14 @@ def _run_child(spec):
             progress.step(*message["progress"])
         elif "say" in message:
             progress.close()
-            _say(message["say"])
+            say(message["say"])
         else:
             answer.update(message)
 
     log = os.path.join(spec["root"], spec["key"] + ".log")
     try:
         finished = child.run(
-            [sys.executable, "-c", _BOOT, _CHILD_SCRIPT], input=json.dumps(spec), on_line=on_line,
+            child.python_running("build_child"), input=json.dumps(spec), on_line=on_line,
             cwd=spec["root"] if os.path.isdir(spec["root"]) else "/", new_session=True,
         )
     except child.ChildNotStarted as e:

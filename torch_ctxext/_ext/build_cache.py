@@ -1,12 +1,7 @@
-"""The build cache: where builds of the extension live, and how they are named.
+"""The build cache's key: which build in it is the running torch's.
 
-    $TORCH_CTXEXT_CACHE/builds/<key>/_C.so        (default ~/.cache/torch_ctxext)
-    $TORCH_CTXEXT_CACHE/builds/<key>/build.json   what it was built for, when, how long
-
-A build is published when its build.json is there: it is written last, once
-the library loaded (``_build``); a directory with a library and no record is
-the remains of a build killed on the way, and nothing loads it.
-
+Where builds live and what a published one is: ``_torch_ctxext_build.cache``
+(``$TORCH_CTXEXT_CACHE/builds/<key>/``, re-exported here for the package).
 ``<key>`` names the torch version, its git hash, the Python ABI, the machine,
 the C library (``glibc2.36``: :func:`c_library`) and a fingerprint of what
 the build's layouts and code come from: the torch
@@ -26,22 +21,10 @@ import re
 import sys
 
 import torch
-
-from . import sources
-
-ENV_CACHE = "TORCH_CTXEXT_CACHE"
-LIBRARY = "_C.so"
-RECORD = "build.json"
-
-
-def root():
-    """Where builds are kept: $TORCH_CTXEXT_CACHE/builds, else the user cache dir."""
-    base = os.environ.get(ENV_CACHE) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "torch_ctxext",
-    )
-    return os.path.join(os.path.abspath(base), "builds")
-
+from _torch_ctxext_build import compile, sources
+from _torch_ctxext_build.cache import (  # noqa: F401  (the package's names for them)
+    ENV_CACHE, LIBRARY, RECORD, identity, published, record_of, root,
+)
 
 _INCLUDE = re.compile(rb'^\s*#\s*include\s*<([^>]+)>', re.M)
 
@@ -86,8 +69,6 @@ def fingerprint(csrc):
     # Every flag of the build (compile: cpp_extension's and ours), with the
     # places torch and Python's headers are at left out: environments with
     # the same torch share one build wherever each is installed.
-    from . import compile
-
     target = compile.target_of_running_torch(torch, "<python>")._replace(torch_dir="<torch>")
     flags = compile.cflags(target) + compile.ldflags(target)
     # How the sources are put together (sources.UNITS): what each translation unit includes.
@@ -126,12 +107,6 @@ def build_key(csrc):
     )
 
 
-def published(directory):
-    """Whether ``directory`` holds a published build: its library, and its
-    record, written last."""
-    return os.path.isfile(os.path.join(directory, LIBRARY)) and os.path.isfile(os.path.join(directory, RECORD))
-
-
 def cached_library():
     """Path of the published build for the running torch, or None."""
     csrc = sources.csrc_dir()
@@ -139,25 +114,3 @@ def cached_library():
         return None
     directory = os.path.join(root(), build_key(csrc))
     return os.path.join(directory, LIBRARY) if published(directory) else None
-
-
-def identity(library):
-    """What tells this file at ``library`` from one put in its place later
-    (a rebuild renames a new directory there): [inode, size, mtime in ns],
-    or None if it is gone. The build's child process compares it the same
-    way (``build_child.identity``)."""
-    try:
-        st = os.stat(library)
-    except OSError:
-        return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns]
-
-
-def record_of(library):
-    """What build.json says about a published build (its torch, when it was built)."""
-    try:
-        with open(os.path.join(os.path.dirname(library), RECORD)) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}

@@ -39,30 +39,32 @@ The record is checked before the shared library is loaded, and the library
 repeats the check with the values compiled into it. Then
 :func:`layout_verdict` says which members the build must not provide on this
 torch: the verdict of the layout probe, made once per build and torch in a
-child process (``layout_verdict``), read from beside the build (or from
-the cache's or the importer's own ``layouts/``), never trusted as an address.
+child process (``layout_verdict``), read from where ``verdict_store`` keeps
+it, never trusted as an address.
 """
 import collections
-import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
 import os
 import sys
-import tempfile
 import warnings
 
 import torch
+from _torch_ctxext_build import extension, layout_verdict as _verdict, verdict_store
+from _torch_ctxext_build.build_lock import LockTimeout
+from _torch_ctxext_build.cache import BUILD_AGAIN
 
 from .. import _features, _releases
-from . import build, build_cache, layout_verdict as _verdict
+from . import build, build_cache
 from .build import ExtensionBuildError  # noqa: F401  (raised by load())
 
 # The package this layer belongs to (torch_ctxext, or the name a library
 # vendors it under): its _C is the extension.
 PACKAGE = __package__.rpartition(".")[0]
-REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps torch_ctxext"
+# The command that installs torch_ctxext again, its build made for the running torch.
+REINSTALL = "pip install --no-build-isolation --force-reinstall --no-deps torch_ctxext"
 BUILD_AHEAD = f"{build.ENV_JIT}=1 python -m torch_ctxext build"
 
 # Where the loaded extension came from (``python -m torch_ctxext info``):
@@ -82,7 +84,7 @@ def _mismatch(built_version, built_git):
         "is running. Its extension reads autograd internals by layout and must "
         f"be rebuilt against the running torch: unset {build.ENV_JIT} (it is 0) "
         f"to build it at import, build it ahead of time with `{BUILD_AHEAD}`, or "
-        f"reinstall with `{REBUILD}` (`.` instead of torch_ctxext in a checkout)."
+        f"reinstall with `{REINSTALL}` (`.` instead of torch_ctxext in a checkout)."
     )
 
 
@@ -214,7 +216,7 @@ def choose_packaged(entries=None, unloadable=None):
         if problem is None:
             try:
                 record, _ = verdict_of(entry["file"])
-            except (_verdict.ProbeNotRun, build._LockTimeout) as e:
+            except (_verdict.ProbeNotRun, LockTimeout) as e:
                 problem = f"the packaged binary for {_describe(entry)} could not be verified against this torch build ({e})"
             else:
                 if not record["found"]:
@@ -257,14 +259,7 @@ def _import(path):
     first = getattr(torch._C, HOOKS_OWNER, None)
     if first is not None:
         raise _another_copy(first, f"{path} (module {name})")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
+    module = extension.load(name, path, register=True)
     setattr(sys.modules[PACKAGE], "_C", module)
     return module
 
@@ -281,7 +276,7 @@ def _check_boundaries(compiled, path):
         raise BuildMismatchError(
             f"torch_ctxext's extension {path} was compiled with other release "
             f"boundaries than torch_ctxext/_releases.py gives torch {torch.__version__} "
-            f"(differ: {', '.join(differ)}): reinstall with `{REBUILD}` "
+            f"(differ: {', '.join(differ)}): reinstall with `{REINSTALL}` "
             "(`.` instead of torch_ctxext in a checkout)."
         )
 
@@ -373,7 +368,7 @@ def load():
     if module is None and (cached := build_cache.cached_library()):
         identity = build_cache.identity(cached)  # before it is tried: a build made meanwhile is not replaced
         then = (f"this import builds it again, in its place ({build.ENV_JIT})" if jit else
-                f"{build.ENV_JIT}=0 forbids building it again at import; `{build.REBUILD}` "
+                f"{build.ENV_JIT}=0 forbids building it again at import; `{BUILD_AGAIN}` "
                 "on a machine like this one replaces it")
         try:
             path, origin = cached, "cache"
@@ -428,58 +423,6 @@ def load():
 # where it was read or written (``info``); None where there is none.
 verdict = None
 verdict_path = None
-# Probes one verification runs before it gives up: a probe killed (by the
-# OOM killer, a job's time limit, a stray kill) is not a verdict, and the
-# ranks waiting on the lock would otherwise each probe again and get one.
-PROBE_ATTEMPTS = 3
-
-
-def _own_layouts():
-    """The importer's own directory for verdicts: under its user cache
-    directory (as build_cache.root() is without $TORCH_CTXEXT_CACHE), for
-    builds in a cache it cannot write (a cluster's shared one)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(os.path.abspath(base), "torch_ctxext", "builds", "layouts")
-
-
-def _verdict_places(library):
-    """Where the verdict for ``library`` may be, in the order read: beside
-    it (a build in the cache, or one installed with a verdict made at
-    install), the cache's own directory for verdicts (builds outside it: a
-    packaged build verified later, nothing is written into site-packages
-    after pip), then the importer's own (a build in a cache it cannot
-    write). Every rank of a job reads the same places."""
-    places = [_verdict.beside(library)]
-    name = os.path.basename(places[0])
-    for directory in (os.path.join(build_cache.root(), "layouts"), _own_layouts()):
-        if os.path.join(directory, name) not in places:
-            places.append(os.path.join(directory, name))
-    return places
-
-
-def _store_at(library, places):
-    """The first of ``places`` the importer can write a verdict into (and
-    its lock beside it), never beside a build outside the cache; None if
-    none (it is then made for this process only, and said)."""
-    in_cache = os.path.commonpath([os.path.abspath(library), build_cache.root()]) == build_cache.root()
-    for place in places if in_cache else places[1:]:
-        directory = os.path.dirname(place)
-        try:
-            os.makedirs(directory, exist_ok=True)
-            os.close(os.open(place + ".lock", os.O_RDWR | os.O_CREAT, 0o644))
-            # A lock file left there opens in a directory that is read-only
-            # now (a shared cache made read-only after use): the verdict is
-            # written as a new file beside it, so the directory itself must
-            # take one, or every rank would verify again.
-            fd, probe = tempfile.mkstemp(prefix=".layout-", suffix=".tmp", dir=directory)
-            os.close(fd)
-            os.remove(probe)
-        except OSError:  # read-only: another user's build, a read-only cache
-            continue
-        return place
-    return None
-
-
 def _unverified(why):
     reason = (
         "torch_ctxext could not verify that its extension reads the structures of torch "
@@ -505,7 +448,7 @@ def layout_verdict():
         verdict, verdict_path = verdict_of(loaded.path)
     except _verdict.ProbeNotRun as e:
         return _unverified(str(e))
-    except build._LockTimeout as e:
+    except LockTimeout as e:
         return _unverified(f"it waited {e.timeout:.0f} s for another process's verification")
     except OSError as e:  # the lock file went away or became unreadable meanwhile
         return _unverified(f"{e.strerror or e}: {e.filename}")
@@ -528,65 +471,9 @@ def _trusted(record, library):
         return False
 
 
-def _read_trusted(path, library):
-    record = _verdict.read(path)
-    return record if record is not None and _trusted(record, library) else None
-
-
 def verdict_of(library):
     """(the layout verdict of ``library`` against the running torch, where
-    it is kept or None), read, or made now in a child process and kept.
-    A verdict that cannot be read, or whose facts do not hold here, is made
-    again. Raises ProbeNotRun, or build._LockTimeout after waiting that long
-    for another process's verification."""
-    places = _verdict_places(library)
-    for path in places:
-        record = _read_trusted(path, library)
-        if record is not None:
-            return record, path
-    return _verify_into(library, _store_at(library, places))
-
-
-def _verify_into(library, target):
-    """Run the probe for ``library`` (one process at a time: the ranks of a
-    job wait for the first, under the lock beside ``target``), keep its
-    verdict at ``target`` (None: nowhere writable, this process only), and
-    return (it, where it is kept or None). A probe that is killed runs
-    again, up to PROBE_ATTEMPTS times, so that this rank gets the verdict
-    the ranks after it would."""
-    if target is None:
-        lock = contextlib.nullcontext()
-        build._say("no place to keep the layout verdict is writable: verifying for this process only")
-    else:
-        lock = build._locked(target + ".lock", lambda holder: build._say(
-            f"waiting for another process that verifies the extension's layout: {holder}"
-        ), build.build_timeout())
-    with lock:
-        record = None if target is None else _read_trusted(target, library)  # made by the process waited for
-        if record is not None:
-            return record, target
-        build._say(
-            f"verifying that its extension reads the structures of torch {torch.__version__} "
-            "as its headers say (once for this build and torch, in a child process)"
-        )
-        record = _verify(library)
-        if target is None:
-            return record, None
-        try:
-            _verdict.write(target, record)
-        except OSError:
-            return record, None
-        return record, target
-
-
-def _verify(library):
-    """verify(library), probing again where a probe was killed."""
-    for attempt in range(1, PROBE_ATTEMPTS + 1):
-        try:
-            return _verdict.verify(library)
-        except _verdict.ProbeTimedOut:
-            raise  # stuck, not killed: another try would wait as long again
-        except _verdict.ProbeNotRun as e:
-            if attempt == PROBE_ATTEMPTS:
-                raise _verdict.ProbeNotRun(f"{e}, {PROBE_ATTEMPTS} times") from None
-            build._say(f"{e}; verifying again ({attempt + 1} of {PROBE_ATTEMPTS})")
+    it is kept or None): ``verdict_store.verdict_of``, a verdict's facts
+    trusted only where they hold in this process. Raises ProbeNotRun, or
+    LockTimeout after waiting that long for another process's verification."""
+    return verdict_store.verdict_of(library, trusted=lambda record: _trusted(record, library))

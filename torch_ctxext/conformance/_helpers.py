@@ -1,21 +1,20 @@
 """Shared helpers for the ctx-contract conformance tests.
 
 Only torch, pytest, hypothesis and expecttest may be used here: the suite runs
-against bare torch and never imports the project (the release facts are read
-from torch_ctxext/_releases.py by its path: the standard library only).
+against bare torch and never imports the package (the release facts come from
+``_torch_ctxext_build.releases``: the standard library only, no torch_ctxext).
 """
-import os
 import re
-import runpy
 
 import torch
 from hypothesis import strategies as st
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
+from _torch_ctxext_build import releases
+
 # (major, minor) of the torch under test, e.g. (2, 13).
-_RELEASES = runpy.run_path(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_releases.py"))
-TORCH_VERSION = _RELEASES["release"](torch.__version__)
+TORCH_VERSION = releases.release(torch.__version__)
 
 # Feature detection, as the reference notes recommend (not version numbers).
 HAS_BOXED_GRADS = hasattr(torch.autograd.function.BackwardCFunction, "apply_boxed")

@@ -69,7 +69,7 @@ def extension_lines():
 def _children():
     """How this process starts the children a build or a layout probe needs
     (docs/reliability.md, the children an import starts)."""
-    from .._ext import child
+    from _torch_ctxext_build import child
 
     if child.how == "posix_spawn":
         return "posix_spawn of a helper exec'd at once (no copy of this process); subprocess where refused"

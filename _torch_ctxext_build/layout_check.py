@@ -9,8 +9,8 @@ The extension reads, and for two members writes, torch's internal structures
 the layout of the headers it was compiled with. :func:`mismatches` runs a
 probe Function and compares everything the extension reads of it with what
 Python knows of it; :func:`facts` notes what the import needs and could only
-learn from a graph. It needs torch and the extension only: the child loads
-this file by its path.
+learn from a graph. It needs torch and the extension only (``layout_probe``
+imports it in the probe's process, never elsewhere).
 """
 import torch
 from torch.autograd import Function

@@ -2,7 +2,7 @@
 
 What ``torch.utils.cpp_extension.load`` would do for torch_ctxext's sources,
 written out here: the ninja file (the same flags: include directories, the
-C++ standard and ABI defines of the release, ``_releases.cpp_extension_rules``;
+C++ standard and ABI defines of the release, ``releases.cpp_extension_rules``;
 the same libraries) and ninja run on it. Nothing here imports torch, so one
 code path serves:
 
@@ -12,32 +12,13 @@ code path serves:
 * the wheels (``tools/wheels.py``): a torch wheel unpacked, never installed
   nor imported, for every release and CPython (:func:`target_of_unpacked_torch`
   reads the same facts from its files).
-
-The standard library only: loaded by its path from setup.py, the build's
-child process and tools/wheels.py.
 """
 import collections
-import importlib.util
 import os
 import re
 
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _load_sibling(name):
-    """A module of this layer by its path (this file may be loaded outside the package)."""
-    spec = importlib.util.spec_from_file_location(f"_torch_ctxext_{name}", os.path.join(_HERE, name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-try:
-    from . import sources
-except ImportError:
-    sources = _load_sibling("sources")
-_releases = sources._releases
+from . import releases, sources
+from .cache import LIBRARY
 
 Target = collections.namedtuple("Target", "torch_dir torch_version git_version python_include cxx11_abi pybind11")
 Target.__doc__ = """One torch to compile against.
@@ -116,7 +97,7 @@ def pybind11_strings(libtorch_python):
 def include_dirs(target):
     include = os.path.join(target.torch_dir, "include")
     dirs = [include, os.path.join(include, "torch", "csrc", "api", "include")]
-    if _releases.cpp_extension_rules(target.torch_version)["th_includes"]:
+    if releases.cpp_extension_rules(target.torch_version)["th_includes"]:
         dirs += [os.path.join(include, "TH"), os.path.join(include, "THC")]
     return dirs
 
@@ -124,7 +105,7 @@ def include_dirs(target):
 def cflags(target):
     """The compiler flags of a build for ``target``: cpp_extension's for that
     release, then torch_ctxext's own (``sources``)."""
-    rules = _releases.cpp_extension_rules(target.torch_version)
+    rules = releases.cpp_extension_rules(target.torch_version)
     flags = ["-DTORCH_EXTENSION_NAME=_C", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     if rules["pybind11_abi_flags"]:
         flags += [f'-DPYBIND11_{name}="{value}"' for name, value in sorted(target.pybind11.items()) if value is not None]
@@ -143,7 +124,7 @@ def ldflags(target):
         [f"-l{name}" for name in LIBRARIES]
 
 
-def write_ninja(target, csrc, directory, compiler="c++", library="_C.so"):
+def write_ninja(target, csrc, directory, compiler="c++", library=LIBRARY):
     """Write the translation units and ``directory``/build.ninja of a build
     for ``target``; return the path of the ninja file."""
     import shlex  # here: only a build writes a ninja file

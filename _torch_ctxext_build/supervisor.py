@@ -9,8 +9,6 @@ whatever the build leaves behind (PR_SET_CHILD_SUBREAPER). Told to stop
 (SIGTERM, SIGINT, SIGHUP: the importer died or was interrupted), it ends
 ninja, which ends its compiles; kills and reaps whatever is left; removes
 the build's private directory; and exits, killed by that signal.
-
-Loaded by its path (the standard library only).
 """
 import os
 import shutil

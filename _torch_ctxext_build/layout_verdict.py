@@ -29,8 +29,9 @@ probe that crashes (a wrong layout can make it read garbage: in the child,
 not in the user's process) or a probe that could not run at all (not
 recorded: the next import tries again).
 
-This module is loaded by its path from setup.py (no relative imports at the
-top: only the standard library, and torch where it is called).
+This module is the verdict's format and the probe's launch; where verdicts
+are kept and read is ``verdict_store``. The standard library only at the
+top: torch is imported where the running one is asked.
 """
 import contextlib
 import hashlib
@@ -60,7 +61,6 @@ PROBE_TIMEOUT = 120.0
 # Signals that say the probe itself crashed (a layout read as another): a
 # verdict. Any other end (killed for memory, a timeout) may not recur.
 _CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
-LAYOUT_CHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layout_check.py")
 
 
 # --- identities -----------------------------------------------------------
@@ -153,45 +153,12 @@ def beside(library):
 
 # --- the probe, in a child process ------------------------------------------
 
-# Run as `python -c _CHILD spec` (child.run: the importer's SIGCHLD neither
-# breaks it nor sees it), in "/": the importer's import path (strings, less
-# the entry Python put first for its cwd or script, ``probe_path``), the
-# extension loaded under a name of its own, layout_check loaded by its path
-# (it needs torch only). Its answer is the line after ANSWER (its stdout and
-# stderr come as one stream).
+# Run in a child process (``layout_probe``, started by child.run: the
+# importer's SIGCHLD neither breaks it nor sees it), in "/", with the
+# importer's import path (strings, less the entry Python put first for its
+# cwd or script, ``probe_path``). Its answer is the line after ANSWER (its
+# stdout and stderr come as one stream).
 ANSWER = "torch_ctxext-layout-probe-answer: "
-_CHILD = r"""
-import sys
-# Before any other import: with -c, Python put "" (the cwd) first.
-sys.path[:] = [p for p in sys.path if p not in ("", ".")]
-import ctypes, importlib.util, json, os, signal
-# An ignored SIGCHLD survives exec (child.default_sigchld, by hand: this
-# script loads nothing of torch_ctxext).
-if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-spec = json.loads(sys.argv[1])
-try:  # ends with child.run's helper, which ends with the importer
-    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-except (OSError, AttributeError):
-    pass
-try:
-    os.kill(spec["parent"], 0)
-except ProcessLookupError:  # the importer ended before PDEATHSIG was set
-    sys.exit(1)
-sys.path[:] = spec["path"]
-import torch
-if torch.__file__ != spec["torch"]:
-    print(spec["answer"] + json.dumps({"error": "the probe's process imported torch from %s, not %s" % (torch.__file__, spec["torch"])}), flush=True)
-    sys.exit(0)
-def load(name, path):
-    s = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(s)
-    s.loader.exec_module(module)
-    return module
-ext = load("_torch_ctxext_layout_probe._C", spec["library"])
-check = load("_torch_ctxext_layout_probe_check", spec["layout_check"])
-print(spec["answer"] + json.dumps({"found": check.mismatches(ext), "facts": check.facts(ext)}), flush=True)
-"""
 # The probe's working directory: none of the importer's (a json.py or
 # signal.py there would be imported in its place).
 PROBE_CWD = "/"
@@ -246,24 +213,6 @@ def probe_path():
     return path
 
 
-def _child_module():
-    """torch_ctxext._ext.child; loaded by its path where this module was
-    (setup.py loads this file so, without the package)."""
-    if __package__:
-        from . import child
-
-        return child
-    name = "_torch_ctxext_child"
-    if name not in sys.modules:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(LAYOUT_CHECK), "child.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
-
-
 def _crash_or_not_run(sig):
     try:
         name = signal.Signals(sig).name
@@ -282,11 +231,12 @@ def probe(library, timeout=PROBE_TIMEOUT):
     structure); ProbeNotRun when there is none."""
     import torch
 
-    child = _child_module()
+    from . import child
+
     spec = {"path": probe_path(), "torch": torch.__file__, "library": os.path.abspath(library),
-            "layout_check": LAYOUT_CHECK, "parent": os.getpid(), "answer": ANSWER}
+            "parent": os.getpid()}
     try:
-        ended = child.run([sys.executable, "-c", _CHILD, json.dumps(spec)], env=_child_environment(),
+        ended = child.run(child.python_running("layout_probe", json.dumps(spec)), env=_child_environment(),
                           cwd=PROBE_CWD, timeout=timeout)
     except child.ChildTimeout:
         raise ProbeTimedOut(f"the layout probe did not finish within {timeout:.0f} s") from None

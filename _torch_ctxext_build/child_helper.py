@@ -1,8 +1,8 @@
 """The helper between an importer and the command it runs (``child.run``).
 
-Run as ``python -I -S child_helper.py SPEC_FD STATUS_FD`` by ``child.run``,
-never imported: a fresh interpreter, exec'd, so nothing of the importer (its
-memory, its threads, its signal handlers, its fds) is in it. It
+Run by ``child.run`` in a fresh interpreter, exec'd (``child.python_running``:
+``python -I -S``, :func:`main` given SPEC_FD and STATUS_FD), so nothing of the
+importer (its memory, its threads, its signal handlers, its fds) is in it. It
 
 1. ignores SIGINT, SIGTERM and SIGHUP for itself (a signal to the importer's
    process group reaches the command too, which ends by it; the helper
@@ -16,8 +16,9 @@ memory, its threads, its signal handlers, its fds) is in it. It
    own; SIGCHLD, SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGXFSZ at
    the default and no signal blocked, whatever the importer set), waits for
    it, and writes to STATUS_FD what happened, as 8-byte records
-   ``(kind, value)``: ``STARTED`` with its pid, then ``ENDED`` with its wait
-   status; or ``NOT_STARTED`` with the errno of the failed start.
+   ``(kind, value)`` (:data:`STATUS`): ``STARTED`` with its pid, then
+   ``ENDED`` with its wait status; or ``NOT_STARTED`` with the errno of the
+   failed start.
 
 The standard library only, and no site (``-S``): it starts in milliseconds.
 """
@@ -26,20 +27,22 @@ import json
 import os
 import signal
 import struct
-import sys
 
+# The records on the status pipe: (kind, value).
 STARTED, ENDED, NOT_STARTED = 1, 2, 3
-RECORD = struct.Struct("=ii")
+STATUS = struct.Struct("=ii")
 # What the command gets at the default whatever the helper had: Python
 # itself ignores SIGPIPE and SIGXFSZ, and the helper ignores the next three.
 RESET_SIGNALS = ("SIGCHLD", "SIGPIPE", "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGXFSZ")
 
 
 def _say(fd, kind, value):
-    os.write(fd, RECORD.pack(kind, value))
+    os.write(fd, STATUS.pack(kind, value))
 
 
-def _die_with_parent():
+def die_with_parent():
+    """Be killed (SIGKILL) when the parent process dies (``PR_SET_PDEATHSIG``;
+    nothing where the C library has no prctl)."""
     try:
         import ctypes
 
@@ -83,11 +86,13 @@ def _start(argv):
     return process.pid
 
 
-def main(spec_fd, status_fd):
+def main(argv):
+    """``argv``: SPEC_FD and STATUS_FD; returns the helper's exit status."""
+    spec_fd, status_fd = int(argv[0]), int(argv[1])
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    _die_with_parent()
+    die_with_parent()
     spec = json.loads(_read_all(spec_fd))
     os.close(spec_fd)
     if os.getppid() != spec["parent"]:  # the importer ended before PR_SET_PDEATHSIG was set
@@ -111,6 +116,3 @@ def main(spec_fd, status_fd):
     _say(status_fd, ENDED, status)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

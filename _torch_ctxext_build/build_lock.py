@@ -9,12 +9,12 @@ says at once when the holder is stopped or gone, rather than being silent
 until its timeout.
 
 No wait is unbounded: a process waits at most ``timeout`` seconds
-($TORCH_CTXEXT_BUILD_TIMEOUT, ``build.build_timeout``), then gives up
-(:class:`_LockTimeout`). Waiters poll (never a blocking flock under an
+($TORCH_CTXEXT_BUILD_TIMEOUT, :func:`build_timeout`), then gives up
+(:class:`LockTimeout`). Waiters poll (never a blocking flock under an
 alarm: SIGALRM is the main thread's, and an import may run on any).
 
-The standard library only: the build's child process loads this file by
-its path.
+What a process says while it waits goes to the importer's stderr
+(:func:`say`), which it never redirects.
 """
 import contextlib
 import datetime
@@ -27,9 +27,19 @@ import time
 
 # How often a waiter tries the lock again and looks at its holder.
 _POLL = 0.2
+ENV_TIMEOUT = "TORCH_CTXEXT_BUILD_TIMEOUT"
+# How long an import waits for another process's build of the same extension.
+# A build takes 15 to 20 s on 2 idle cores (docs/benchmarks.md) and was
+# measured at 2.5 min on a loaded 2-core CI machine when it took a minute on
+# idle ones; 600 s is four times that. A builder that has not
+# finished by then is almost certainly stuck (stopped with Ctrl-Z, hung on a
+# network filesystem) rather than slow, and a waiter is better off importing
+# without the members than hanging the job. Waiting processes all time out
+# about together, so the ranks of a job still agree with each other.
+DEFAULT_TIMEOUT = 600.0
 
 
-def _to_stderr(text):
+def to_stderr(text):
     """Write ``text`` to the importer's ``sys.stderr`` as it is now, whatever
     it is: None (fd 2 closed, a pythonw-like service), an object with only
     ``write`` (a log forwarder), a stream closed meanwhile. What the build
@@ -46,18 +56,35 @@ def _to_stderr(text):
         pass
 
 
-def _stderr_is_a_terminal():
+def stderr_is_a_terminal():
     try:
         return bool(sys.stderr.isatty())
     except (AttributeError, OSError, ValueError, TypeError):  # None, no isatty, closed
         return False
 
 
-def _say(message):
-    _to_stderr(f"torch_ctxext: {message}\n")
+def say(message):
+    to_stderr(f"torch_ctxext: {message}\n")
 
 
-def _now():
+def build_timeout():
+    """Seconds to wait for another process's build: $TORCH_CTXEXT_BUILD_TIMEOUT
+    (``inf``: no bound), else DEFAULT_TIMEOUT. A value that is not a
+    non-negative number is said and ignored: an import never fails over it."""
+    value = os.environ.get(ENV_TIMEOUT, "").strip()
+    if not value:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        say(f"ignoring {ENV_TIMEOUT}={value!r} (not a number of seconds); waiting at most {DEFAULT_TIMEOUT:.0f} s")
+        return DEFAULT_TIMEOUT
+    return seconds
+
+
+def now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -105,7 +132,7 @@ def _identity():
         "host": socket.gethostname(),
         "pid_namespace": _pid_namespace(),
         "start": stat[1] if stat else None,
-        "since": _now(),
+        "since": now(),
     }
 
 
@@ -179,16 +206,19 @@ def _wait_for_lock(fd, on_wait, timeout, say):
         time.sleep(min(_POLL, left))
 
 
-class _LockTimeout(Exception):
+class LockTimeout(Exception):
+    """Another process held the lock for longer than the wait allowed
+    (``holder``: what was last said of it; ``timeout``: the seconds waited)."""
+
     def __init__(self, holder, timeout):
         super().__init__(holder, timeout)
         self.holder, self.timeout = holder, timeout
 
 
 @contextlib.contextmanager
-def _locked(path, on_wait, timeout, say=_say):
+def locked(path, on_wait, timeout, say=say):
     """An exclusive flock on ``path``, waited for at most ``timeout`` seconds
-    (else _LockTimeout); the kernel releases it if we die. While it is held,
+    (else LockTimeout); the kernel releases it if we die. While it is held,
     the file names its holder (pid, host, pid namespace, start time), so
     that waiters can tell a stopped or vanished holder from a slow one."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -196,7 +226,7 @@ def _locked(path, on_wait, timeout, say=_say):
         if not _try_lock(fd):
             taken, holder = _wait_for_lock(fd, on_wait, timeout, say)
             if not taken:
-                raise _LockTimeout(holder, timeout)
+                raise LockTimeout(holder, timeout)
         with contextlib.suppress(OSError):  # advisory: a full disk must not stop the build
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(_identity()) + "\n").encode(), 0)

@@ -8,7 +8,7 @@ whatever the importer did to SIGCHLD (``SIG_IGN``: the kernel reaps every
 child at its exit, so ``waitpid`` fails with ``ECHILD``; a handler that
 reaps whatever exits takes the status first).
 
-:func:`run` starts a small helper, ``child_helper.py``, exec'd at once
+:func:`run` starts a small helper, ``child_helper``, exec'd at once
 (``posix_spawn``: the kernel shares the importer's memory until the exec
 instead of copying its page tables, and the C library sets every signal
 the importer handles back to the default in the child before anything can
@@ -26,8 +26,8 @@ a reason in its error, and errors keep their errno. Where ``posix_spawn``
 is refused (a seccomp profile, a platform without it), the helper is
 started with ``subprocess`` instead (:data:`how` says which).
 
-The standard library only: setup.py and the build's own child processes
-load this file by its path.
+Every child here is a fresh interpreter that imports what it runs from this
+package (:func:`python_running`), isolated from the importer's path.
 """
 import collections
 import errno
@@ -35,14 +35,17 @@ import json
 import os
 import select
 import signal
-import struct
 import sys
 import time
 
-HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_helper.py")
-# child_helper's records on the status pipe: (kind, value).
-STARTED, ENDED, NOT_STARTED = 1, 2, 3
-_RECORD = struct.Struct("=ii")
+from .child_helper import ENDED, NOT_STARTED, STATUS
+
+# The directory holding this package: the one entry beyond the standard
+# library on the path of the interpreters started here.
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# `python -I -S -c _BOOT PACKAGE_PARENT module args...`: main(args) of that module.
+_BOOT = ("import sys; sys.path.append(sys.argv[1]); import importlib; "
+         "sys.exit(importlib.import_module(sys.argv[2]).main(sys.argv[3:]))")
 # The helper starts in milliseconds; on a machine under load, in seconds.
 HELPER_START_TIMEOUT = 60.0
 # After the command's status came: how long its output may still flow (a
@@ -74,6 +77,17 @@ class ChildTimeout(Exception):
     def __init__(self, timeout, output):
         super().__init__(f"did not finish within {timeout:g} s")
         self.timeout, self.output = timeout, output
+
+
+def python_running(module, *args):
+    """The command line of a fresh interpreter that runs ``main(args)`` of
+    ``module`` (a module of this package) and exits with what it returns.
+    Isolated (``-I -S``): neither the importer's working directory, its
+    script's directory, $PYTHONPATH nor site-packages is on its path, only
+    the standard library and this package's directory, so that nothing there
+    (a ``json.py``, another copy of torch_ctxext) stands in for either. A
+    child that needs more (torch) takes the importer's path from its spec."""
+    return [sys.executable, "-I", "-S", "-c", _BOOT, PACKAGE_PARENT, f"{__package__}.{module}", *map(str, args)]
 
 
 def default_sigchld():
@@ -115,7 +129,7 @@ def _start_helper(in_read, out_write, spec_read, status_write, new_session, envi
     if how == "posix_spawn" and hasattr(os, "posix_spawn"):
         try:
             return os.posix_spawn(
-                sys.executable, [sys.executable, "-I", "-S", HELPER, "3", "4"], environment,
+                sys.executable, python_running("child_helper", 3, 4), environment,
                 file_actions=[
                     (os.POSIX_SPAWN_DUP2, in_read, 0), (os.POSIX_SPAWN_DUP2, out_write, 1),
                     (os.POSIX_SPAWN_DUP2, out_write, 2), (os.POSIX_SPAWN_DUP2, spec_read, 3),
@@ -136,12 +150,12 @@ def _start_helper(in_read, out_write, spec_read, status_write, new_session, envi
 
     try:
         process = subprocess.Popen(
-            [sys.executable, "-I", "-S", HELPER, str(spec_read), str(status_write)],
+            python_running("child_helper", spec_read, status_write),
             stdin=in_read, stdout=out_write, stderr=out_write, pass_fds=(spec_read, status_write),
             close_fds=True, start_new_session=new_session, restore_signals=True, env=environment,
         )
     except OSError as e:
-        raise ChildNotStarted(e.errno, f"starting {HELPER}: {e.strerror or e} (after: {how})") from None
+        raise ChildNotStarted(e.errno, f"starting the helper: {e.strerror or e} (after: {how})") from None
     # The helper is reaped here, by pid, not by this object (it would warn
     # when collected with the helper still running).
     process.returncode = 0
@@ -156,13 +170,13 @@ class _Status:
 
     def read(self):
         """One record, or None at end of file; blocks: call when readable."""
-        while len(self.pending) < _RECORD.size:
-            chunk = os.read(self.fd, _RECORD.size - len(self.pending))
+        while len(self.pending) < STATUS.size:
+            chunk = os.read(self.fd, STATUS.size - len(self.pending))
             if not chunk:
                 self.closed = True
                 return None
             self.pending += chunk
-        record, self.pending = _RECORD.unpack(self.pending), b""
+        record, self.pending = STATUS.unpack(self.pending), b""
         return record
 
 

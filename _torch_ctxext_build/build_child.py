@@ -1,7 +1,7 @@
 """The build at first import, in a process of its own.
 
-``build.build`` (in the importing process) starts this file as a child
-(``child.run``: unseen by the importer's SIGCHLD), hands it a spec on stdin
+``torch_ctxext._ext.build.build`` (in the importing process) runs :func:`main`
+in a child (``child.run``: unseen by the importer's SIGCHLD), hands it a spec on stdin
 and reads its answer: everything a build does happens here, nothing in the
 importer. This process:
 
@@ -24,10 +24,9 @@ What it says, on stdout, one JSON object a line: {"say": text},
 {"failed": {...}}. Nothing else goes to stdout: ninja's and the
 compiler's output goes to the log.
 
-Loaded by its path, the standard library only at the top (torch is
-imported from the importer's own sys.path, handed over in the spec).
+The standard library only at the top: torch is imported from the
+importer's own sys.path, handed over in the spec.
 """
-import importlib.util
 import json
 import os
 import re
@@ -40,19 +39,9 @@ import tempfile
 import threading
 import time
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+from . import build_lock, compile, sources, supervisor
+from .cache import BUILD_AGAIN, LIBRARY, RECORD, identity, published
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"_torch_ctxext_build_{name}", os.path.join(_HERE, name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-LIBRARY, RECORD = "_C.so", "build.json"
-REBUILD = "python -m torch_ctxext build --force"
 _STEP = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
 # A compiler's line that says it did not fail on the code: it was killed (the
 # kernel's out-of-memory killer: "Killed signal terminated program cc1plus"),
@@ -223,7 +212,7 @@ def compile_failure(code, log, failed=(), library_missing=False):
             what += f" ({first})"
         return Failed(what, log, remembered=True, note=(
             "This is a compile error: it is recorded, and later imports report it "
-            f"without compiling until `{REBUILD}`."
+            f"without compiling until `{BUILD_AGAIN}`."
         ))
     else:
         why = "the build stopped without a compile error"
@@ -239,14 +228,14 @@ def write_log_header(log, spec, target, ninja):
     with open(log, "w") as f:
         f.write(
             f"torch_ctxext build {spec['key']}\n"
-            f"started  {build_lock._now()}\n"
+            f"started  {build_lock.now()}\n"
             f"reason   {spec['reason']}\n"
             f"torch    {target.torch_version} (git {target.git_version}) {target.torch_dir}\n"
             f"python   {sys.executable} {sys.version.split()[0]}\n"
             f"compiler {os.environ.get('CXX', 'c++')} -> {shutil.which(compiler())}\n"
             f"ninja    {ninja}\n"
             f"sources  {spec['csrc']}: "
-            f"{' '.join(os.path.basename(s) for s in compile.sources.sources(spec['csrc'], target.torch_version))}\n\n"
+            f"{' '.join(os.path.basename(s) for s in sources.sources(spec['csrc'], target.torch_version))}\n\n"
         )
 
 
@@ -443,7 +432,8 @@ def verify_layout(library, log):
     """The new build's layout verified against this torch now, in a probe
     process, and the verdict kept beside it; one that cannot be made here
     is made by the next import."""
-    layout_verdict = _load("layout_verdict")
+    from . import layout_verdict  # here: only a build that reads by layout verifies it
+
     try:
         record = layout_verdict.verify(library)
         layout_verdict.write(layout_verdict.beside(library), record)
@@ -454,16 +444,6 @@ def verify_layout(library, log):
         note = f"layout not verified ({e}); the next import verifies it"
     with open(log, "a") as f:
         f.write(f"torch_ctxext: {note}\n")
-
-
-def identity(library):
-    """build_cache.identity (this process does not import the package):
-    [inode, size, mtime in ns] of ``library``, or None if it is gone."""
-    try:
-        st = os.stat(library)
-    except OSError:
-        return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 def recorded_failure(failed):
@@ -490,7 +470,7 @@ def record_failure(failed, error):
     If it cannot be written (a full disk), that one says so, not remembered."""
     try:
         with open(failed + ".tmp", "w") as f:
-            json.dump({"message": f"{error.what}. {error.note}", "what": error.what, "when": build_lock._now(),
+            json.dump({"message": f"{error.what}. {error.note}", "what": error.what, "when": build_lock.now(),
                        "log": error.log}, f)
         os.replace(failed + ".tmp", failed)
         return error
@@ -542,17 +522,16 @@ def build(target):
             f"{holder} (lock {lock}); at most {timeout:.0f} s (${spec['env_timeout']})")
 
     try:
-        with build_lock._locked(lock, waiting, timeout, say=say):
-            published = os.path.isfile(library) and os.path.isfile(os.path.join(final, RECORD))
+        with build_lock.locked(lock, waiting, timeout, say=say):
             # A build the importer could not load is built again in its place,
             # unless the process waited for already did that.
             unloadable = spec.get("replace") is not None and identity(library) == spec["replace"]
-            if published and not spec["force"] and not unloadable:
+            if published(final) and not spec["force"] and not unloadable:
                 return {"library": library, "built": False}  # built by the process we waited for
             recorded = None if spec["force"] else recorded_failure(failed)
             if recorded is not None:
                 raise Failed(recorded.get("what") or recorded["message"], recorded.get("log", log), remembered=True, note=(
-                    f"This is a compile error recorded at {recorded['when']}; `{REBUILD}` tries again."
+                    f"This is a compile error recorded at {recorded['when']}; `{BUILD_AGAIN}` tries again."
                 ))
             for stale in os.listdir(root):  # remains of builds killed half-way
                 if stale.startswith((key + ".partial-", key + ".old-")):
@@ -579,7 +558,7 @@ def build(target):
                 raise
             seconds = time.monotonic() - start
             importer.join()
-            publish(partial, final, dict(spec["record"], built_at=build_lock._now(), seconds=round(seconds, 1),
+            publish(partial, final, dict(spec["record"], built_at=build_lock.now(), seconds=round(seconds, 1),
                                              log=log), log, torch_ready)
             supervisor.partial_dir = None
             try:
@@ -590,7 +569,7 @@ def build(target):
             if not spec["record"].get("advise_only"):  # advise()'s watch alone reads nothing by layout
                 verify_layout(library, log)
             return {"library": library, "built": True}
-    except build_lock._LockTimeout as e:
+    except build_lock.LockTimeout as e:
         raise Failed(
             f"it waited {e.timeout:.0f} s (${spec['env_timeout']}) for the build of {e.holder} "
             f"(lock {lock}, its log {log}) and gave up", log, timeout=e.timeout,
@@ -599,13 +578,14 @@ def build(target):
         ) from None
 
 
-def main():
-    global spec, build_lock, compile, supervisor
+def main(argv=()):
+    """The build, as the spec on stdin asks; its answer on stdout. Never returns."""
+    global spec
     spec = json.loads(sys.stdin.read())
-    supervisor = _load("supervisor")
     supervisor.become_the_supervisor(spec["parent"])
-    build_lock = _load("build_lock")
-    compile = _load("compile")
+    # After the standard library and this package: the importer's path, where
+    # the ninja wheel may be (torch is imported with that path alone).
+    sys.path.extend(p for p in spec["path"] if p not in sys.path)
     target = compile.Target(**spec["target"])
     try:
         tell(built=build(target))
@@ -620,6 +600,4 @@ def main():
     os._exit(0)  # not waiting for the torch import thread, nor torch's shutdown
 
 
-spec = build_lock = compile = supervisor = None
-if __name__ == "__main__":
-    main()
+spec = None  # the importer's spec (main)
