@@ -92,9 +92,9 @@ def test_the_extensions_walk_finds_the_slots_and_producers_pythons_walk_finds_in
     roots, inputs = make()
     found, _ = graph._python_slots(edges(roots), edges(inputs))
     expected = [graph.Slot.walked(i, *slot) for i, slot in enumerate(found)]
-    watch = _C.advise_watch(edges(roots), edges(inputs))
+    watch = _C.advise_watch(edges(roots), edges(inputs), graph.CROSSING)
     try:
-        native = [graph.Slot.native(i, *slot) for i, slot in enumerate(watch.slots)]
+        native = [graph.Slot.native(i, slot) for i, slot in enumerate(watch.slots)]
         assert len(native) == len(expected) > 0
         for slot, n in zip(expected, native):
             assert n.consumer is slot.consumer and n.nr == slot.nr
@@ -112,7 +112,7 @@ def test_the_extensions_walk_finds_the_slots_and_producers_pythons_walk_finds_in
 
 def report(step, model=None, python_watch=False, monkeypatch=None):
     if python_watch:
-        monkeypatch.setattr(graph, "_native_watch", lambda roots, inputs: (None, False))
+        monkeypatch.setattr(graph, "_native_watch", lambda *args: (None, False))
     seen = []
     original = graph.Backward.finish
 
@@ -209,14 +209,14 @@ def test_a_hook_compiled_autograd_never_calls_is_said_and_never_raised_into_the_
 def test_a_finished_watch_sees_nothing_more_and_a_new_watch_on_a_retained_graph_sees_each_gradient_once():
     w = leaf(3)
     loss = (w * 2).sum() + w.sin().sum()
-    first = _C.advise_watch(edges([loss]), [])
+    first = _C.advise_watch(edges([loss]), [], graph.CROSSING)
     loss.backward(retain_graph=True)
     first.finish()
     seen = first.results()
     assert [len(arrivals) for arrivals, *_ in seen] == [2]
     loss.backward(retain_graph=True)  # its hooks are still on the nodes, disarmed
     assert first.results() == seen
-    second = _C.advise_watch(edges([loss]), [])
+    second = _C.advise_watch(edges([loss]), [], graph.CROSSING)
     loss.backward()
     second.finish()
     assert [[kind for _, kind, _, _ in arrivals] for arrivals, *_ in second.results()] == [[1, 1]]
@@ -227,8 +227,8 @@ def test_bad_input_gets_a_clear_error():
     w = leaf(3)
     loss = (w * 2).sum() + w.sin().sum()
     with pytest.raises(TypeError, match="not an autograd node"):
-        _C.advise_watch([(object(), 0)], [])
-    watch = _C.advise_watch(edges([loss]), [])
+        _C.advise_watch([(object(), 0)], [], graph.CROSSING)
+    watch = _C.advise_watch(edges([loss]), [], graph.CROSSING)
     try:
         with pytest.raises(IndexError, match="no such slot"):
             watch.arrive(5, 0, None)

@@ -124,6 +124,10 @@ def _run_backward(t_outputs, *args, **kwargs):
             for session in sessions:
                 session.add(record)
             record.release()
+            # Its slots, producers and arrivals freed before the collector is
+            # back: a collection triggered as it comes back would otherwise
+            # move them, dead a moment later, into an older generation.
+            record = None
 
 
 class _Call:
