@@ -30,7 +30,7 @@ import threading
 from typing import NamedTuple
 
 import torch
-from torch.autograd.function import BackwardCFunction
+from torch.autograd.function import BackwardCFunction, FunctionCtx
 from torch.autograd.graph import get_gradient_edge
 
 from .._explain import _argument_slots, _extension, function_name
@@ -229,6 +229,25 @@ def _compiled_autograd_on():
     return module is not None and bool(getattr(module, "compiled_autograd_enabled", False))
 
 
+_known_extension = (None, None)  # (the getter it was found for, _extension()'s answer)
+
+
+def _extension_now():
+    """``_extension()``, asked again only where ``ctx.input_grad_buffers``'s
+    getter (seen through an observer's wrapper, which each advise() block
+    places anew) is not the one it was asked for: its answer follows the
+    getter installed, and finding that out takes longer than a small
+    backward's walk."""
+    global _known_extension
+    member = FunctionCtx.__dict__.get("input_grad_buffers")
+    getter = getattr(member, "fget", member)
+    getter = getattr(getter, "__wrapped__", getter)
+    known = _known_extension
+    if getter is None or known[0] is not getter:
+        known = _known_extension = (getter, _extension())
+    return known[1]
+
+
 def _native_watch(roots, input_edges, grad_tensors):
     """The C++ watch of this backward (its walk, its hooks on the built-in
     nodes) and whether it is the advise-only build's (a torch that provides
@@ -237,7 +256,7 @@ def _native_watch(roots, input_edges, grad_tensors):
     (``grad_tensors``) have arrived in its slots."""
     if _compiled_autograd_on():
         return None, False
-    ext = _extension()
+    ext = _extension_now()
     watch = getattr(ext, "advise_watch", None)
     alone = False
     if watch is None and ext is None:
@@ -272,7 +291,7 @@ class Backward:
             # Every node this backward may run: for nothing_arrived, which
             # only a torch without the extension asks (the extension tells
             # it itself).
-            self.node_ids = set(nodes) if _extension() is None else set()
+            self.node_ids = set(nodes) if _extension_now() is None else set()
         if self.native is not None:
             self.slots = [Slot.native(i, slot) for i, slot in enumerate(found)]
         else:
