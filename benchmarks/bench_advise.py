@@ -371,19 +371,24 @@ def summary(results):
 # --------------------------------------------------------------------------
 # advise()'s cost: a step watched against the same step unwatched.
 # --------------------------------------------------------------------------
-#
-#     python benchmarks/bench_advise.py --cost [--quick] [--json FILE]
-#     python benchmarks/bench_advise.py --cost-table FILE...
-#
-# In the interpreter that runs it (one torch release per run; torch_ctxext
-# from this tree), for each model at the benchmark sizes and at a step of 1
-# to 5 ms: the training step unwatched, inside ``advise(model)`` with the C++
-# watch (where this torch has one: torch_ctxext's extension, or on 2.15 the
-# build ``python -m torch_ctxext build`` makes) and inside ``advise(model)``
-# with Python's watch, interleaved (the order rotates each round), each
-# round ``inner`` steps of each; per round the ratio of process CPU time and
-# of wall time, watched over unwatched; the median over rounds.
-# ``--cost-table`` puts the runs of several releases side by side.
+
+COST_DOC = """\
+    python benchmarks/bench_advise.py --cost [--quick] [--json FILE]
+    python benchmarks/bench_advise.py --cost-table FILE...
+
+In the interpreter that runs it (one torch release per run; torch_ctxext
+from this tree), for each model at the benchmark sizes and at a step of 1
+to 5 ms (the project's four, the transformers models where ``transformers``
+is installed, an unrolled ``nn.GRUCell``, four backwards in one block, a
+tied autoencoder, one ``nn.TransformerEncoderLayer`` applied four times):
+the training step unwatched, inside ``advise(model)`` with the C++ watch
+(torch_ctxext's extension; on 2.15 the build ``python -m torch_ctxext
+build`` makes) and inside ``advise(model)`` with Python's watch, interleaved
+(the order rotates each round), each round ``inner`` steps of each (about
+0.15 s; 0.05 s with ``--quick``); per round the ratio of process CPU time and
+of wall time, watched over unwatched; the median over 9 rounds (7 with
+``--quick``). ``--cost-table`` puts the runs of several releases side by
+side."""
 
 def _gru_cell(features, hidden, steps, batch, seed=0):
     """An nn.GRUCell unrolled over ``steps`` steps, a linear readout."""
@@ -602,7 +607,8 @@ def cost_table(runs):
     """Markdown: per model and size, each release's step and advise's cost
     (C++ watch, Python's watch), CPU time and wall time."""
     head = "| model | size |" + "".join(
-        f" {r['torch']}: step ms (CPU) | C++ watch: CPU / wall | Python's watch: CPU / wall |" for r in runs)
+        f" {r.get('label', r['torch'])}: step ms (CPU) | C++ watch: CPU / wall | Python's watch: CPU / wall |"
+        for r in runs)
     out = [head, "|---|---|" + "---|---|---|" * len(runs)]
     keys = []
     for r in runs:
@@ -625,6 +631,27 @@ def cost_table(runs):
                      f"{row['python/stock cpu']:.3f} / {row['python/stock wall']:.3f} |")
         out.append(line)
     return "\n".join(out)
+
+
+def cost_section(runs):
+    """The benchmarks page's section on advise()'s cost (Markdown); ``runs``:
+    collect_cost's results, one per release (docs/benchmarks.json's
+    ``advise_cost``)."""
+    how = COST_DOC.split("\n\n", 1)[1]
+    return "\n".join([
+        "## advise()'s cost: a step watched against the same step unwatched",
+        "",
+        "Measured by `benchmarks/bench_advise.py --cost` (one run per release: "
+        + "; ".join(f"{r.get('label', r['torch'])} {r['date']}, load average {r['load_average'][0]:.1f}"
+                    for r in runs) + "). "
+        + "Watched over unwatched, process CPU time / wall time, median over rounds; "
+        "step ms: the unwatched step's CPU time (1 intra-op thread):",
+        "",
+        cost_table(runs),
+        "",
+        how,
+        "",
+    ])
 
 
 if __name__ == "__main__":

@@ -593,14 +593,13 @@ class Watch {
     return py::reinterpret_steal<py::object>(obj);
   }
 
-  // The Python view of the slots ([(consumer, nr, [(op, sequence number,
-  // ctx, output index)], the consumer's op, its number (None for a leaf's),
-  // the gradient's bytes by its metadata or None, how many producers are
-  // custom Functions)]: graph.Slot.native's arguments; a producer's ctx only
-  // for a custom Function's (its op None: Python names it), ("root
-  // gradient", None, None, k) for a root), and a C++ hook
-  // on every built-in producer and every consumer (custom Functions are seen
-  // by the apply wrapper: engine.py, which calls arrive()).
+  // The Python view of the slots, a graph.Found each (its consumer, input,
+  // producers as graph.Producer, op, number: None for a leaf's, the
+  // gradient's bytes by its metadata or None, how many producers are custom
+  // Functions; a producer's node only for a custom Function's, its op None:
+  // Python names it; ("root gradient", None, None, k) for a root), and a
+  // C++ hook on every built-in producer and every consumer (custom Functions
+  // are seen by the apply wrapper: engine.py, which calls arrive()).
   void hook(const std::vector<std::pair<SlotKey, std::vector<Producer>>>& slots) {
     ska::flat_hash_map<Node*, std::vector<ProducerEntry>> posts;
     std::vector<Node*> post_order;
