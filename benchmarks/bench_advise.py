@@ -366,3 +366,304 @@ def summary(results):
             f"a step inside advise() takes {min(advised):.2f} to {max(advised):.2f} of one without it; "
             f"fuse(model)'s step {min(fused):.2f} to {max(fused):.2f} of the stock modules'")
     return lines
+
+
+# --------------------------------------------------------------------------
+# advise()'s cost: a step watched against the same step unwatched.
+# --------------------------------------------------------------------------
+
+COST_DOC = """\
+    python benchmarks/bench_advise.py --cost [--quick] [--json FILE]
+    python benchmarks/bench_advise.py --cost-table FILE...
+
+In the interpreter that runs it (one torch release per run; torch_ctxext
+from this tree), for each model at the benchmark sizes and at a step of 1
+to 5 ms (the project's four, the transformers models where ``transformers``
+is installed, an unrolled ``nn.GRUCell``, four backwards in one block, a
+tied autoencoder, one ``nn.TransformerEncoderLayer`` applied four times):
+the training step unwatched, inside ``advise(model)`` with the C++ watch
+(torch_ctxext's extension; on 2.15 the build ``python -m torch_ctxext
+build`` makes) and inside ``advise(model)`` with Python's watch, interleaved
+(the order rotates each round), each round ``inner`` steps of each (about
+0.15 s; 0.05 s with ``--quick``); per round the ratio of process CPU time and
+of wall time, watched over unwatched; the median over 9 rounds (7 with
+``--quick``). ``--cost-table`` puts the runs of several releases side by
+side."""
+
+def _gru_cell(features, hidden, steps, batch, seed=0):
+    """An nn.GRUCell unrolled over ``steps`` steps, a linear readout."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(seed)
+
+    class Unrolled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = torch.nn.GRUCell(features, hidden)
+            self.out = torch.nn.Linear(hidden, 10)
+
+        def forward(self, x):
+            h = x.new_zeros(x.shape[1], hidden)
+            for t in range(x.shape[0]):
+                h = self.cell(x[t], h)
+            return self.out(h)
+
+    model, x = Unrolled(), torch.randn(steps, batch, features)
+    y = torch.randint(0, 10, (batch,))
+    return model, lambda: F.cross_entropy(model(x), y).backward()
+
+
+def _four_backwards(features, hidden, batch, seed=0):
+    """Gradient accumulation: four micro-batches, a backward each, in one block."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.GELU(),
+                                torch.nn.Linear(hidden, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, 10))
+    batches = [(torch.randn(batch, features), torch.randint(0, 10, (batch,))) for _ in range(4)]
+
+    def step():
+        for x, y in batches:
+            F.cross_entropy(model(x), y).backward()
+
+    return model, step
+
+
+def _tied_autoencoder(features, hidden, batch, seed=0):
+    """An autoencoder whose decoder is its encoder's weight, transposed."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(seed)
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Linear(features, hidden)
+            self.bias = torch.nn.Parameter(torch.zeros(features))
+
+        def forward(self, x):
+            return F.linear(torch.relu(self.encoder(x)), self.encoder.weight.t(), self.bias)
+
+    model, x = Tied(), torch.randn(batch, features)
+    return model, lambda: F.mse_loss(model(x), x).backward()
+
+
+def _shared_encoder_layer(dim, heads, depth, batch, seq, seed=0):
+    """One nn.TransformerEncoderLayer (nn.MultiheadAttention inside) applied ``depth`` times."""
+    import torch
+
+    torch.manual_seed(seed)
+
+    class Shared(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True)
+
+        def forward(self, x):
+            for _ in range(depth):
+                x = self.layer(x)
+            return x
+
+    model, x = Shared(), torch.randn(batch, seq, dim)
+    return model, lambda: model(x).pow(2).mean().backward()
+
+
+COST_MODELS = {"gru-cell": _gru_cell, "4 backwards": _four_backwards, "tied autoencoder": _tied_autoencoder,
+               "shared encoder layer": _shared_encoder_layer}
+# (registry, model, sizes at the benchmark size, sizes at a step of 1 to 5 ms)
+COST_PLAN = [
+    *[("where_fusing_pays", m, SIZES[m], small) for m, small in {
+        "albert": {"vocab": 1000, "dim": 128, "hidden": 512, "depth": 4, "batch": 2, "seq": 16},
+        "gpt2": {"vocab": 1000, "context": 32, "dim": 128, "heads": 4, "layers": 2, "batch": 2, "seq": 16},
+        "lstm": {"features": 64, "hidden": 128, "steps": 16, "batch": 8},
+        "micro-batches": {"features": 256, "hidden": 512, "classes": 100, "micro": 4, "batch": 8},
+    }.items()],
+    *[("transformers_models", m, None, small) for m, small in {
+        "gpt2": {"vocab": 1000, "dim": 64, "layers": 2, "heads": 2, "batch": 2, "seq": 32},
+        "gpt2-micro": {"vocab": 1000, "dim": 64, "layers": 2, "heads": 2, "batch": 1, "seq": 32},
+        "bert": {"vocab": 1000, "dim": 64, "layers": 2, "heads": 2, "batch": 2, "seq": 32},
+        "albert": {"vocab": 1000, "dim": 64, "layers": 4, "heads": 2, "batch": 2, "seq": 32},
+        "t5": {"vocab": 1000, "dim": 64, "layers": 2, "heads": 2, "batch": 2, "seq": 32},
+        "llama": {"vocab": 1000, "dim": 64, "layers": 2, "heads": 2, "batch": 2, "seq": 32},
+        "lstm-cell": {"features": 32, "hidden": 64, "steps": 32, "batch": 8},
+    }.items()],
+    (None, "gru-cell", {"features": 128, "hidden": 256, "steps": 32, "batch": 32},
+     {"features": 32, "hidden": 64, "steps": 16, "batch": 8}),
+    (None, "4 backwards", {"features": 512, "hidden": 1024, "batch": 64},
+     {"features": 256, "hidden": 256, "batch": 32}),
+    (None, "tied autoencoder", {"features": 1024, "hidden": 512, "batch": 256},
+     {"features": 512, "hidden": 256, "batch": 64}),
+    (None, "shared encoder layer", {"dim": 256, "heads": 4, "depth": 4, "batch": 4, "seq": 128},
+     {"dim": 64, "heads": 2, "depth": 4, "batch": 2, "seq": 32}),
+]
+COST_VARIANTS = ("stock", "advised", "python")
+
+
+def _cost_workload(registry, model, sizes):
+    if registry is None:
+        return COST_MODELS[model](**sizes)
+    workload = _workload(model, sizes, False, registry=registry)
+    return workload.model, lambda: workload.loss().backward()
+
+
+def measure_advise_cost(registry, model, sizes, rounds=9, target_s=0.15):
+    """advise()'s cost on one model (see the comment above): per variant the
+    median seconds of a step (CPU, wall), and the medians over rounds of
+    the ratios to the unwatched step; ``watch``: which watch "advised" got."""
+    import torch
+
+    import torch_ctxext
+    from torch_ctxext._advise import graph
+
+    net, step = _cost_workload(registry, model, sizes)
+    native = graph._native_watch  # the C++ watch where there is one
+
+    def stock():
+        net.zero_grad(set_to_none=True)
+        step()
+
+    def advised():
+        net.zero_grad(set_to_none=True)
+        with torch_ctxext.advise(net):
+            step()
+
+    def python():
+        graph._native_watch = lambda *args: (None, False)
+        try:
+            advised()
+        finally:
+            graph._native_watch = native
+
+    runs = {"stock": stock, "advised": advised, "python": python}
+    seen = []
+    original = graph.Backward.finish
+
+    def finish(self):
+        seen.append(self.native is not None)
+        return original(self)
+
+    graph.Backward.finish = finish
+    try:
+        advised()
+    finally:
+        graph.Backward.finish = original
+    watch = "C++" if seen and all(seen) else "Python"
+    for run in runs.values():  # warm-up
+        run()
+        run()
+    start = time.perf_counter()
+    stock()
+    inner = max(1, min(50, round(target_s / max(time.perf_counter() - start, 1e-6))))
+    times = {v: {"cpu": [], "wall": []} for v in COST_VARIANTS}
+    order = list(COST_VARIANTS)
+    for _ in range(rounds):
+        for v in order:
+            run = runs[v]
+            c, w = time.process_time(), time.perf_counter()
+            for _ in range(inner):
+                run()
+            times[v]["cpu"].append((time.process_time() - c) / inner)
+            times[v]["wall"].append((time.perf_counter() - w) / inner)
+        order = order[1:] + order[:1]
+    out = {"torch": torch.__version__, "watch": watch, "inner": inner, "rounds": rounds,
+           "ms": {v: {k: statistics.median(t) * 1e3 for k, t in times[v].items()} for v in COST_VARIANTS}}
+    for v in ("advised", "python"):
+        for k in ("cpu", "wall"):
+            ratios = [a / b for a, b in zip(times[v][k], times["stock"][k])]
+            out[f"{v}/stock {k}"] = statistics.median(ratios)
+    return out
+
+
+def collect_cost(quick=False):
+    """Every model of COST_PLAN at both sizes, in this interpreter."""
+    import importlib.util
+
+    import torch
+
+    torch.set_num_threads(1)
+    rows = []
+    has_transformers = importlib.util.find_spec("transformers") is not None
+    for registry, model, sizes, small in COST_PLAN:
+        if registry == "transformers_models" and not has_transformers:
+            continue
+        for size, chosen in (("benchmark", sizes), ("1-5 ms", small)):
+            if chosen is None:
+                import bench_advise_models
+
+                chosen = bench_advise_models.SIZES[model]
+            got = measure_advise_cost(registry, model, chosen, rounds=7 if quick else 9,
+                                      target_s=0.05 if quick else 0.15)
+            rows.append({"registry": registry, "model": model, "size": size, "sizes": chosen, **got})
+            bench.log(f"advise cost {model} ({size}): {got['ms']['stock']['cpu']:.1f} ms, "
+                      f"{got['advised/stock cpu']:.3f} / {got['python/stock cpu']:.3f}")
+    return {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_average": bench.load_average(), "rows": rows}
+
+
+def cost_table(runs):
+    """Markdown: per model and size, each release's step and advise's cost
+    (C++ watch, Python's watch), CPU time and wall time."""
+    head = "| model | size |" + "".join(
+        f" {r.get('label', r['torch'])}: step ms (CPU) | C++ watch: CPU / wall | Python's watch: CPU / wall |"
+        for r in runs)
+    out = [head, "|---|---|" + "---|---|---|" * len(runs)]
+    keys = []
+    for r in runs:
+        for row in r["rows"]:
+            key = (row["registry"], row["model"], row["size"])
+            if key not in keys:
+                keys.append(key)
+    for registry, model, size in keys:
+        name = model if registry != "transformers_models" else f"{model} (transformers)"
+        line = f"| {name} | {size} |"
+        for r in runs:
+            row = next((x for x in r["rows"] if (x["registry"], x["model"], x["size"]) == (registry, model, size)),
+                       None)
+            if row is None:
+                line += " — | — | — |"
+                continue
+            cpp = (f"{row['advised/stock cpu']:.3f} / {row['advised/stock wall']:.3f}" if row["watch"] == "C++"
+                   else "no C++ watch")
+            line += (f" {row['ms']['stock']['cpu']:.2f} | {cpp} | "
+                     f"{row['python/stock cpu']:.3f} / {row['python/stock wall']:.3f} |")
+        out.append(line)
+    return "\n".join(out)
+
+
+def cost_section(runs):
+    """The benchmarks page's section on advise()'s cost (Markdown); ``runs``:
+    collect_cost's results, one per release (docs/benchmarks.json's
+    ``advise_cost``)."""
+    how = COST_DOC.split("\n\n", 1)[1]
+    return "\n".join([
+        "## advise()'s cost: a step watched against the same step unwatched",
+        "",
+        "Measured by `benchmarks/bench_advise.py --cost` (one run per release: "
+        + "; ".join(f"{r.get('label', r['torch'])} {r['date']}, load average {r['load_average'][0]:.1f}"
+                    for r in runs) + "). "
+        + "Watched over unwatched, process CPU time / wall time, median over rounds; "
+        "step ms: the unwatched step's CPU time (1 intra-op thread):",
+        "",
+        cost_table(runs),
+        "",
+        how,
+        "",
+    ])
+
+
+if __name__ == "__main__":
+    import json
+
+    if "--cost-table" in sys.argv:
+        files = sys.argv[sys.argv.index("--cost-table") + 1:]
+        print(cost_table([json.load(open(f)) for f in files]))
+    elif "--cost" in sys.argv:
+        sys.path.insert(0, os.path.join(bench.ROOT, "examples"))
+        results = collect_cost(quick="--quick" in sys.argv)
+        if "--json" in sys.argv:
+            with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:
+                json.dump(results, f, indent=1)
+        print(cost_table([results]))

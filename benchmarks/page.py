@@ -373,6 +373,8 @@ def render_page(results, command):
         lines += [advise_section(results["advise"], f"{IMG}/{FIGURES['advise']}")]
     if "advise_models" in results:
         lines += [bench_advise_models.section(results["advise_models"], f"{IMG}/{FIGURES['advise_models']}")]
+    if "advise_cost" in results:
+        lines += [bench_advise.cost_section(results["advise_cost"])]
     if "install" in results:
         r = results["install"]
         lines += [

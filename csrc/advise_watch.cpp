@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <typeindex>
 #include <typeinfo>
 #include <memory>
 #include <mutex>
@@ -33,16 +34,20 @@ using torch::autograd::variable_list;
 // std::shared_ptr<Node> up to 2.12, c10::intrusive_ptr<Node> from 2.13.
 using NodeRef = decltype(torch::autograd::Edge::function);
 
-// What a producer left in a slot (graph.py's Arrival.kind).
-enum Kind : uint8_t { kNothing = 0, kGradient = 1, kFused = 2 };
+// What a producer left in a slot. Python sees graph.py's kinds (its
+// NOTHING, GRADIENT, FUSED, handed over by name in the crossing): these are
+// only indices into them.
+enum Kind : uint8_t { kNothing = 0, kGradient = 1, kFused = 2, kKinds = 3 };
 
+// One producer's arrival in a slot: graph.Arrival on the Python side.
 struct Arrival {
-  int32_t producer;
+  int32_t producer;  // its index among the slot's producers
   uint8_t kind;
-  bool stock_view;
-  int64_t bytes;
+  bool stock_view;  // a drop-in's gradient where the stock module's is a view
+  int64_t bytes;    // the extent the gradient's strides span
 };
 
+// What reached one slot in a backward: graph.Outcome on the Python side.
 struct SlotRecord {
   std::vector<Arrival> arrivals;
   bool given = false;  // a gradient has arrived
@@ -51,6 +56,48 @@ struct SlotRecord {
   int64_t first_bytes = 0;  // numel x element size of the first gradient
   bool has_final = false;
   uintptr_t final_address = 0;
+};
+
+// The Python types the fields cross as (graph.py's named tuples) and its
+// kinds, read by name from the crossing object graph.py passes (CROSSING):
+// each field is named on both sides, each number written in Python alone.
+struct Crossing {
+  explicit Crossing(py::handle crossing) {
+    found = type_of(crossing, "Found", 7);
+    producer = type_of(crossing, "Producer", 4);
+    outcome = type_of(crossing, "Outcome", 5);
+    arrival = type_of(crossing, "Arrival", 4);
+    kinds[kNothing] = crossing.attr("NOTHING");
+    kinds[kGradient] = crossing.attr("GRADIENT");
+    kinds[kFused] = crossing.attr("FUSED");
+  }
+
+  // A tuple subclass of `fields` fields (a named tuple), as `name`.
+  static py::object type_of(py::handle crossing, const char* name, size_t fields) {
+    py::object type = crossing.attr(name);
+    if (!PyType_Check(type.ptr()) ||
+        !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type.ptr()), &PyTuple_Type) ||
+        py::len(type.attr("_fields")) != fields) {
+      throw py::type_error(std::string("advise_watch: the crossing's ") + name + " must be a named tuple of " +
+                           std::to_string(fields) + " fields");
+    }
+    return type;
+  }
+
+  // An instance of the named tuple `type` of these values, made as
+  // tuple.__new__(type, values) makes it (no Python __new__ runs).
+  static py::object make(const py::object& type, py::tuple values) {
+    py::tuple args(1);
+    PyTuple_SET_ITEM(args.ptr(), 0, values.release().ptr());
+    PyObject* made = PyTuple_Type.tp_new(reinterpret_cast<PyTypeObject*>(type.ptr()), args.ptr(), nullptr);
+    if (made == nullptr) {
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::object>(made);
+  }
+
+  py::object found, producer, outcome, arrival;
+  py::object kinds[kKinds];
 };
 
 // The address of a gradient's data (Tensor.data_ptr()), if it has one.
@@ -111,6 +158,12 @@ struct Record {
   void arrive(size_t slot, int32_t producer, const at::Tensor* gradient,
               uint8_t kind_without_gradient, bool stock_view) {
     std::lock_guard<std::mutex> lock(mutex);
+    arrive_locked(slot, producer, gradient, kind_without_gradient, stock_view);
+  }
+
+  // arrive(), with `mutex` held (a hook that fills several slots takes it once).
+  void arrive_locked(size_t slot, int32_t producer, const at::Tensor* gradient,
+                     uint8_t kind_without_gradient, bool stock_view) {
     auto& s = slots[slot];
     if (gradient == nullptr || !gradient->defined()) {
       s.arrivals.push_back({producer, kind_without_gradient, false, 0});
@@ -173,10 +226,11 @@ struct ProducerHook : RecordingHook<torch::autograd::FunctionPostHook> {
   variable_list operator()(const variable_list& outputs,
                            const variable_list& /*inputs*/) override {
     if (armed()) {
+      std::lock_guard<std::mutex> lock(record->mutex);
       for (const auto& e : entries) {
-        record->arrive(e.slot, e.producer,
-                       e.position < outputs.size() ? &outputs[e.position] : nullptr,
-                       kNothing, false);
+        record->arrive_locked(e.slot, e.producer,
+                              e.position < outputs.size() ? &outputs[e.position] : nullptr,
+                              kNothing, false);
       }
     }
     return outputs;
@@ -274,6 +328,29 @@ bool is_python_function(const Node* node) {
   return std::strcmp(name + (name[0] == '*'), kPyNode) == 0;
 }
 
+// A node's op (Node::name()) as a Python str, and whether it is a leaf's
+// AccumulateGrad. Node::name() demangles the node's type name at every call,
+// which on a graph of small ops was most of the walk's time: it is kept per
+// type, for the process (read and filled under the GIL). A custom
+// Function's node (PyNode) is named by its Python class: asked each time.
+struct OpName {
+  py::object name;
+  bool leaf;
+};
+
+OpName op_name(const Node* node) {
+  static auto* const names = new std::unordered_map<std::type_index, OpName>();  // never freed: outlives Python
+  if (is_python_function(node)) {
+    return OpName{py::str(node->name()), false};
+  }
+  auto [it, inserted] = names->try_emplace(std::type_index(typeid(*node)));
+  if (inserted) {
+    const std::string name = node->name();
+    it->second = OpName{py::str(name), name == kAccumulateGrad};
+  }
+  return it->second;
+}
+
 // The node a Python node object stands for (a built-in node, or the ctx of a
 // custom Function), or nullptr.
 Node* node_from_python(PyObject* obj) {
@@ -308,8 +385,9 @@ std::vector<std::tuple<Node*, uint32_t, py::handle>> edges_from_python(const py:
 
 class Watch {
  public:
-  Watch(const py::sequence& roots, const py::sequence& inputs, bool keep_nodes)
-      : record_(std::make_shared<Record>()) {
+  Watch(const py::sequence& roots, const py::sequence& inputs, py::handle crossing, bool keep_nodes,
+        py::handle grad_tensors)
+      : record_(std::make_shared<Record>()), crossing_(crossing) {
     walk(edges_from_python(roots));
     const auto input_edges = edges_from_python(inputs);
     const bool restricted = !input_edges.empty();
@@ -348,6 +426,7 @@ class Watch {
     counts_ = {};
     record_->slots.resize(slots.size());
     hook(slots);
+    arrive_roots(slots, grad_tensors);
     if (!keep_nodes) {  // contains() is asked only where keep_nodes
       refs_ = {};
     }
@@ -395,20 +474,26 @@ class Watch {
     return record_->slots[slot].given;
   }
 
-  // Per slot: ([(producer, kind, bytes, stock_view)], given, first address
-  // or None, final address or None, the first gradient's bytes).
+  // Per slot, what reached it: a graph.Outcome (its arrivals, in order, as
+  // graph.Arrival; whether a gradient came; the first gradient's address
+  // and the finished buffer's, or None; the first gradient's bytes).
   py::list results() const {
     std::lock_guard<std::mutex> lock(record_->mutex);
-    py::list out;
+    py::list out(record_->slots.size());
+    size_t i = 0;
     for (const auto& s : record_->slots) {
-      py::list arrivals;
+      py::list arrivals(s.arrivals.size());
+      size_t j = 0;
       for (const auto& a : s.arrivals) {
-        arrivals.append(py::make_tuple(a.producer, a.kind, a.bytes, a.stock_view));
+        arrivals[j++] = Crossing::make(crossing_.arrival,
+                                       py::make_tuple(a.producer, crossing_.kinds[a.kind], a.bytes, a.stock_view));
       }
-      out.append(py::make_tuple(arrivals, s.given,
-                                s.has_first ? py::object(py::int_(s.first_address)) : py::object(py::none()),
-                                s.has_final ? py::object(py::int_(s.final_address)) : py::object(py::none()),
-                                s.first_bytes));
+      out[i++] = Crossing::make(
+          crossing_.outcome,
+          py::make_tuple(std::move(arrivals), s.given,
+                         s.has_first ? py::object(py::int_(s.first_address)) : py::object(py::none()),
+                         s.has_final ? py::object(py::int_(s.final_address)) : py::object(py::none()),
+                         s.first_bytes));
     }
     return out;
   }
@@ -508,14 +593,13 @@ class Watch {
     return py::reinterpret_steal<py::object>(obj);
   }
 
-  // The Python view of the slots ([(consumer, nr, [(op, sequence number,
-  // ctx, output index)], the consumer's op, its number (None for a leaf's),
-  // the gradient's bytes by its metadata or None, how many producers are
-  // custom Functions)]: graph.Slot.native's arguments; a producer's ctx only
-  // for a custom Function's (its op None: Python names it), ("root
-  // gradient", None, None, k) for a root), and a C++ hook
-  // on every built-in producer and every consumer (custom Functions are seen
-  // by the apply wrapper: engine.py, which calls arrive()).
+  // The Python view of the slots, a graph.Found each (its consumer, input,
+  // producers as graph.Producer, op, number: None for a leaf's, the
+  // gradient's bytes by its metadata or None, how many producers are custom
+  // Functions; a producer's node only for a custom Function's, its op None:
+  // Python names it; ("root gradient", None, None, k) for a root), and a
+  // C++ hook on every built-in producer and every consumer (custom Functions
+  // are seen by the apply wrapper: engine.py, which calls arrive()).
   void hook(const std::vector<std::pair<SlotKey, std::vector<Producer>>>& slots) {
     ska::flat_hash_map<Node*, std::vector<ProducerEntry>> posts;
     std::vector<Node*> post_order;
@@ -529,6 +613,7 @@ class Watch {
       }
       return found->second;
     };
+    const py::str root_name("root gradient");
     for (size_t s = 0; s < slots.size(); ++s) {
       const auto& [key, producers] = slots[s];
       py::list python_producers;
@@ -536,15 +621,18 @@ class Watch {
       for (size_t p = 0; p < producers.size(); ++p) {
         const auto& producer = producers[p];
         if (producer.node == nullptr) {
-          python_producers.append(py::make_tuple("root gradient", py::none(), py::none(), producer.position));
+          python_producers.append(Crossing::make(
+              crossing_.producer, py::make_tuple(root_name, py::none(), py::none(), producer.position)));
           continue;
         }
         const auto seq = producer.node->sequence_nr();
         if (is_python_function(producer.node)) {  // seen by engine.py's apply wrapper
           ++functions;
-          python_producers.append(py::make_tuple(py::none(), seq, object_of(producer.node), producer.position));
+          python_producers.append(Crossing::make(
+              crossing_.producer, py::make_tuple(py::none(), seq, object_of(producer.node), producer.position)));
         } else {  // no Python object needed: its op and number
-          python_producers.append(py::make_tuple(producer.node->name(), seq, py::none(), producer.position));
+          python_producers.append(Crossing::make(
+              crossing_.producer, py::make_tuple(op_name(producer.node).name, seq, py::none(), producer.position)));
           auto& entries = posts[producer.node];
           if (entries.empty()) {
             post_order.push_back(producer.node);
@@ -552,18 +640,19 @@ class Watch {
           entries.push_back({s, static_cast<int32_t>(p), producer.position});
         }
       }
+      record_->slots[s].arrivals.reserve(producers.size());
       auto& consumer_slots = pres[key.node];
       if (consumer_slots.empty()) {
         pre_order.push_back(key.node);
       }
       consumer_slots.emplace_back(s, key.nr);
       // A leaf's slot (its AccumulateGrad) has no number: Python reads its variable.
-      const std::string op = key.node->name();
-      const bool leaf = op == kAccumulateGrad;
-      python_slots_.append(py::make_tuple(
-          object_of(key.node), key.nr, python_producers, op,
-          leaf ? py::object(py::none()) : py::object(py::int_(key.node->sequence_nr())),
-          metadata_bytes(*key.node, key.nr), functions));
+      const OpName op = op_name(key.node);
+      python_slots_.append(Crossing::make(
+          crossing_.found,
+          py::make_tuple(object_of(key.node), key.nr, python_producers, op.name,
+                         op.leaf ? py::object(py::none()) : py::object(py::int_(key.node->sequence_nr())),
+                         metadata_bytes(*key.node, key.nr), functions)));
     }
     for (Node* node : post_order) {
       drop_disarmed<ProducerHook>(node->post_hooks());
@@ -575,12 +664,43 @@ class Watch {
     }
   }
 
+  // The root gradients (grad_tensors: a Tensor, or anything else for none)
+  // are in their slots before any node runs: they arrive now, in the order
+  // of the slots and their producers.
+  void arrive_roots(const std::vector<std::pair<SlotKey, std::vector<Producer>>>& slots,
+                    py::handle grad_tensors) {
+    const bool given = !grad_tensors.is_none() && PySequence_Check(grad_tensors.ptr());
+    const Py_ssize_t count = given ? PySequence_Size(grad_tensors.ptr()) : 0;
+    if (count < 0) {
+      throw py::error_already_set();
+    }
+    for (size_t s = 0; s < slots.size(); ++s) {
+      const auto& producers = slots[s].second;
+      for (size_t p = 0; p < producers.size(); ++p) {
+        if (producers[p].node != nullptr) {
+          continue;
+        }
+        const auto position = static_cast<Py_ssize_t>(producers[p].position);
+        py::object root;
+        if (position < count) {
+          root = py::reinterpret_steal<py::object>(PySequence_GetItem(grad_tensors.ptr(), position));
+          if (!root) {
+            throw py::error_already_set();
+          }
+        }
+        const at::Tensor* tensor = root && THPVariable_Check(root.ptr()) ? &THPVariable_Unpack(root.ptr()) : nullptr;
+        record_->arrive(s, static_cast<int32_t>(p), tensor, kNothing, false);
+      }
+    }
+  }
+
   struct EdgeRecord {
     SlotKey key;
     Producer producer;
   };
 
   std::shared_ptr<Record> record_;
+  Crossing crossing_;
   std::vector<EdgeRecord> edges_;  // every edge the walk found, in order
   ska::flat_hash_map<SlotKey, uint32_t, SlotKeyHash> counts_;  // producers per slot
   // Every node the walk reached, and its reference (nullptr for a root's node);
@@ -606,15 +726,20 @@ void bind_advise_watch(py::module_& m) {
       .def_property_readonly("error", &Watch::error);
   m.def(
       "advise_watch",
-      [](const py::sequence& roots, const py::sequence& inputs, bool keep_nodes) {
-        return std::make_unique<Watch>(roots, inputs, keep_nodes);
+      [](const py::sequence& roots, const py::sequence& inputs, py::handle crossing, bool keep_nodes,
+         py::handle grad_tensors) {
+        return std::make_unique<Watch>(roots, inputs, crossing, keep_nodes, grad_tensors);
       },
-      py::arg("roots"), py::arg("inputs"), py::arg("keep_nodes") = false,
+      py::arg("roots"), py::arg("inputs"), py::arg("crossing"), py::arg("keep_nodes") = false,
+      py::arg("grad_tensors") = py::none(),
       "Walk a backward's graph from its roots ([(node, nr) or None]; inputs: "
       "the inputs= edges, or empty) and watch the slots two or more producers "
-      "feed: an AdviseWatch. keep_nodes: remember every node reached, for "
-      "AdviseWatch.contains (asked where the running torch provides "
-      "input_grad_buffers itself, whose reasons for None it cannot tell).");
+      "feed: an AdviseWatch. crossing: the types its fields cross as and "
+      "the kinds of an arrival, by name (torch_ctxext._advise.graph.CROSSING). "
+      "keep_nodes: remember every node reached, for AdviseWatch.contains "
+      "(asked where the running torch provides input_grad_buffers itself, "
+      "whose reasons for None it cannot tell). grad_tensors: the backward's "
+      "root gradients, which arrive in their slots at once.");
 }
 
 }  // namespace torch_ctxext

@@ -11,7 +11,8 @@
 // up to 1.15 times the step of an unrolled LSTMCell). Here the walk runs over
 // the C++ graph and the hooks are C++ ones that record sizes and addresses
 // under a mutex of their own: Python sees only the slots, and what reached
-// them when the backward is over.
+// them when the backward is over, as the named tuples of graph.py (Found,
+// Producer, Outcome, Arrival) whose types and kinds it hands over by name.
 #pragma once
 
 #include <Python.h>

@@ -92,9 +92,9 @@ def test_the_extensions_walk_finds_the_slots_and_producers_pythons_walk_finds_in
     roots, inputs = make()
     found, _ = graph._python_slots(edges(roots), edges(inputs))
     expected = [graph.Slot.walked(i, *slot) for i, slot in enumerate(found)]
-    watch = _C.advise_watch(edges(roots), edges(inputs))
+    watch = _C.advise_watch(edges(roots), edges(inputs), graph.CROSSING)
     try:
-        native = [graph.Slot.native(i, *slot) for i, slot in enumerate(watch.slots)]
+        native = [graph.Slot.native(i, slot) for i, slot in enumerate(watch.slots)]
         assert len(native) == len(expected) > 0
         for slot, n in zip(expected, native):
             assert n.consumer is slot.consumer and n.nr == slot.nr
@@ -112,7 +112,7 @@ def test_the_extensions_walk_finds_the_slots_and_producers_pythons_walk_finds_in
 
 def report(step, model=None, python_watch=False, monkeypatch=None):
     if python_watch:
-        monkeypatch.setattr(graph, "_native_watch", lambda roots, inputs: (None, False))
+        monkeypatch.setattr(graph, "_native_watch", lambda *args: (None, False))
     seen = []
     original = graph.Backward.finish
 
@@ -209,14 +209,14 @@ def test_a_hook_compiled_autograd_never_calls_is_said_and_never_raised_into_the_
 def test_a_finished_watch_sees_nothing_more_and_a_new_watch_on_a_retained_graph_sees_each_gradient_once():
     w = leaf(3)
     loss = (w * 2).sum() + w.sin().sum()
-    first = _C.advise_watch(edges([loss]), [])
+    first = _C.advise_watch(edges([loss]), [], graph.CROSSING)
     loss.backward(retain_graph=True)
     first.finish()
     seen = first.results()
     assert [len(arrivals) for arrivals, *_ in seen] == [2]
     loss.backward(retain_graph=True)  # its hooks are still on the nodes, disarmed
     assert first.results() == seen
-    second = _C.advise_watch(edges([loss]), [])
+    second = _C.advise_watch(edges([loss]), [], graph.CROSSING)
     loss.backward()
     second.finish()
     assert [[kind for _, kind, _, _ in arrivals] for arrivals, *_ in second.results()] == [[1, 1]]
@@ -227,8 +227,8 @@ def test_bad_input_gets_a_clear_error():
     w = leaf(3)
     loss = (w * 2).sum() + w.sin().sum()
     with pytest.raises(TypeError, match="not an autograd node"):
-        _C.advise_watch([(object(), 0)], [])
-    watch = _C.advise_watch(edges([loss]), [])
+        _C.advise_watch([(object(), 0)], [], graph.CROSSING)
+    watch = _C.advise_watch(edges([loss]), [], graph.CROSSING)
     try:
         with pytest.raises(IndexError, match="no such slot"):
             watch.arrive(5, 0, None)
@@ -259,3 +259,60 @@ def test_a_watch_that_fails_to_start_leaves_the_step_right_and_the_next_watch_se
     assert torch.equal(w.grad, 2 + w.detach().cos())
     (slot,) = r.slots
     assert (len(slot.producers), slot.temporaries) == (2, 1)
+
+
+def test_what_crosses_from_the_watch_is_named_and_its_kinds_are_pythons():
+    """Slots, producers, outcomes and arrivals come as graph's named tuples,
+    each kind as the crossing names it (the numbering is Python's alone)."""
+    x = leaf(4)
+    loss = Fused.apply(x).sum() + x.sin().sum() + (x * 2).sum()
+    grad = torch.ones(())
+
+    class Renumbered(graph.CROSSING):
+        NOTHING, GRADIENT, FUSED = "nothing", "gradient", "fused"
+
+    watch = _C.advise_watch(edges([loss]), [], Renumbered, grad_tensors=[grad])
+    try:
+        (found,) = watch.slots
+        assert isinstance(found, graph.Found) and found.op.endswith("AccumulateGrad")  # x's
+        assert found.seq is None and found.grad_bytes == 16 and found.functions == 1
+        assert all(isinstance(p, graph.Producer) for p in found.producers)
+        # the custom Function's is named by Python (its op None), the built-in ones by the watch
+        function = [p.op is None and isinstance(p.node, BackwardCFunction) for p in found.producers]
+        assert sorted(function) == [False, False, True]
+        built_in = [i for i, f in enumerate(function) if not f]
+        loss.backward(grad)
+    finally:
+        watch.finish()
+    (outcome,) = watch.results()
+    assert isinstance(outcome, graph.Outcome) and outcome.given and outcome.first_bytes == 16
+    assert all(isinstance(a, graph.Arrival) for a in outcome.arrivals)
+    # the built-in producers' arrivals (the custom Function's: engine.py's apply wrapper)
+    assert sorted((a.producer, a.kind, a.bytes) for a in outcome.arrivals) \
+        == [(i, "gradient", 16) for i in built_in]
+
+
+def test_a_root_gradient_arrives_in_its_slot_before_any_node_runs():
+    w = leaf(3)
+    y = w * 2
+    root = torch.full((3,), 3.0)
+    watch = _C.advise_watch(edges([y, y.sum()]), [], graph.CROSSING, grad_tensors=[root, torch.ones(())])
+    try:
+        (outcome,) = watch.results()  # before the backward
+        assert [(a.producer, a.kind, a.bytes) for a in outcome.arrivals] == [(0, graph.GRADIENT, 12)]
+        assert outcome.first_address == root.data_ptr()
+    finally:
+        watch.finish()
+
+
+def test_a_crossing_of_another_shape_is_refused():
+    class Short(graph.CROSSING):
+        from collections import namedtuple
+
+        Arrival = namedtuple("Arrival", "producer kind bytes")
+
+    w = leaf(3)
+    loss = (w * 2).sum() + w.sin().sum()
+    with pytest.raises(TypeError, match="Arrival must be a named tuple of 4 fields"):
+        _C.advise_watch(edges([loss]), [], Short)
+

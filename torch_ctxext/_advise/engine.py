@@ -14,7 +14,6 @@ All three are placed when the first active block enters and removed when the
 last one exits; a block that fails to observe a backward records why in its
 report instead of raising into the training step.
 """
-import contextlib
 import gc
 import threading
 
@@ -72,8 +71,7 @@ def exit(session):
             torch.autograd._engine_run_backward = _originals["run_here"]
 
 
-@contextlib.contextmanager
-def _no_collection():
+class _no_collection:
     """No cyclic collection while advise walks the graph or files a record.
 
     Its bookkeeping (the graph's edges, per-slot records) is thousands of
@@ -81,16 +79,20 @@ def _no_collection():
     triggered in the middle of it would promote them to the oldest
     generation, whose full collections then come every few steps and cost
     tens of milliseconds in a process that has imported a model library.
-    The collector is re-enabled as it was, and only by the call that
-    disabled it."""
-    enabled = gc.isenabled()
-    if enabled:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
+    The collector is re-enabled as it was, and only by the block that
+    disabled it. (A class, not a generator: it is entered twice a backward.)"""
+
+    __slots__ = ("enabled",)
+
+    def __enter__(self):
+        self.enabled = gc.isenabled()
+        if self.enabled:
+            gc.disable()
+
+    def __exit__(self, *exc):
+        if self.enabled:
             gc.enable()
+        return False
 
 
 def _run_backward(t_outputs, *args, **kwargs):
@@ -124,6 +126,10 @@ def _run_backward(t_outputs, *args, **kwargs):
             for session in sessions:
                 session.add(record)
             record.release()
+            # Its slots, producers and arrivals freed before the collector is
+            # back: a collection triggered as it comes back would otherwise
+            # move them, dead a moment later, into an older generation.
+            record = None
 
 
 class _Call:

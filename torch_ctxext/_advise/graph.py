@@ -27,24 +27,72 @@ compiled autograd is on (which calls Python hooks only), they are Python's.
 """
 import sys
 import threading
+from typing import NamedTuple
 
 import torch
-from torch.autograd.function import BackwardCFunction
+from torch.autograd.function import BackwardCFunction, FunctionCtx
 from torch.autograd.graph import get_gradient_edge
 
 from .._explain import _argument_slots, _extension, function_name
 
-__all__ = ["Backward", "Slot", "NOTHING", "GRADIENT", "FUSED"]
+__all__ = ["Backward", "Slot", "Arrival", "Producer", "Found", "Outcome", "CROSSING",
+           "NOTHING", "GRADIENT", "FUSED"]
 
 
-# What one producer left in a slot, an arrival: (producer index, kind, bytes,
-# stock_view), kind NOTHING, GRADIENT (a tensor the engine adds) or FUSED
-# (written into the exposed buffer, None returned); stock_view: a drop-in's
-# gradient where the stock module's would have been a view (the engine would
-# have summed out of place had it come first). Plain tuples, in
-# csrc/advise_watch.cpp's numbering (its Kind): one is made per producer per
-# backward, and the report reads them once.
+# What one producer left in a slot (Arrival.kind): nothing, a gradient the
+# engine adds, or a write into the exposed buffer (None returned). Numbered
+# here only: the C++ watch is handed these (CROSSING) and uses them by name.
 NOTHING, GRADIENT, FUSED = 0, 1, 2
+
+
+class Arrival(NamedTuple):
+    """What one producer left in a slot, in the order they came."""
+
+    producer: int  # its index in the slot's producers
+    kind: int  # NOTHING, GRADIENT or FUSED
+    bytes: int  # the extent a gradient's strides span (storage_bytes); 0 without one
+    # A drop-in's gradient where the stock module's would have been a view
+    # (the engine would have summed out of place had it come first).
+    stock_view: bool
+
+
+class Producer(NamedTuple):
+    """One producer of a slot."""
+
+    op: str | None  # its node's op (None from the C++ watch for a custom Function: Slot names it)
+    seq: int | None  # its node's sequence number; None for a root gradient
+    node: object  # a custom Function's ctx (Python's walk: every node); None otherwise
+    position: int  # the node's output that feeds the slot, or the root's index
+
+
+class Found(NamedTuple):
+    """A slot as the C++ watch's walk finds it (``AdviseWatch.slots``)."""
+
+    consumer: object  # its node (a leaf's AccumulateGrad, or the node that made the activation)
+    nr: int  # the consumer's input
+    producers: list  # [Producer], in the order their edges were found
+    op: str  # the consumer's op
+    seq: int | None  # the consumer's sequence number; None for a leaf's
+    grad_bytes: int | None  # the gradient's bytes by the consumer's metadata, where it says
+    functions: int  # how many producers are custom Functions
+
+
+class Outcome(NamedTuple):
+    """What reached a slot in a backward (``AdviseWatch.results()``)."""
+
+    arrivals: list  # [Arrival]
+    given: bool  # a gradient arrived
+    first_address: int | None  # the first gradient's data
+    final_address: int | None  # the finished buffer's
+    first_bytes: int  # numel x element size of the first gradient
+
+
+class CROSSING:
+    """What the C++ watch's fields cross as, and the kinds, read by name
+    (csrc/advise_watch.cpp's Crossing)."""
+
+    Arrival, Producer, Found, Outcome = Arrival, Producer, Found, Outcome
+    NOTHING, GRADIENT, FUSED = NOTHING, GRADIENT, FUSED
 
 
 def storage_bytes(t):
@@ -101,11 +149,12 @@ class Slot:
     """A slot with two or more producers in one backward (nodes held only
     while it runs); ``index``: its place in the backward's list.
 
-    ``producers``: [(op, sequence number or None, node or None for the
-    backward's root, the node's output that feeds the slot or the root's
-    index)]; ``op`` and ``seq`` its consumer's (``seq`` None for a leaf's,
+    ``producers``: [Producer]; ``arrivals``: [Arrival]; ``op`` and ``seq`` its consumer's (``seq`` None for a leaf's,
     whose tensor is ``leaf``); ``grad_bytes`` its gradient's size, where
     the consumer's metadata says (else the first gradient's)."""
+
+    __slots__ = ("index", "consumer", "nr", "op", "seq", "leaf", "grad_bytes", "producers", "holds_nodes",
+                 "arrivals", "first_address", "final_address", "_given")
 
     def __init__(self, index, consumer, nr, producers, op, seq, grad_bytes, holds_nodes=True, leaf=None):
         self.index = index
@@ -128,13 +177,14 @@ class Slot:
         self._given = False  # a gradient has arrived
 
     @classmethod
-    def native(cls, index, consumer, nr, producers, op, seq, grad_bytes, functions):
-        """From the extension's walk (``AdviseWatch.slots``): its producers
-        named, but for custom Functions (op None, ``functions`` of them)."""
-        if functions:
-            producers = [(op if node is None else function_name(node), seq, node, position)
-                         for op, seq, node, position in producers]
-        return cls(index, consumer, nr, producers, op, seq, grad_bytes, holds_nodes=bool(functions))
+    def native(cls, index, found):
+        """From the C++ watch's walk: ``found``, a :class:`Found`, its
+        producers named but for custom Functions (op None)."""
+        producers = found.producers
+        if found.functions:
+            producers = [p if p.node is None else p._replace(op=function_name(p.node)) for p in producers]
+        return cls(index, found.consumer, found.nr, producers, found.op, found.seq, found.grad_bytes,
+                   holds_nodes=bool(found.functions))
 
     @classmethod
     def walked(cls, index, consumer, nr, edges):
@@ -142,11 +192,11 @@ class Slot:
         producers = []
         for node, position in edges:
             if node is None:
-                producers.append(("root gradient", None, None, position))
+                producers.append(Producer("root gradient", None, None, position))
             elif isinstance(node, BackwardCFunction):
-                producers.append((function_name(node), node._sequence_nr(), node, position))
+                producers.append(Producer(function_name(node), node._sequence_nr(), node, position))
             else:
-                producers.append((node.name(), node._sequence_nr(), node, position))
+                producers.append(Producer(node.name(), node._sequence_nr(), node, position))
         leaf = getattr(consumer, "variable", None)  # read once: an AccumulateGrad's tensor
         seq = None if leaf is not None else consumer._sequence_nr()
         return cls(index, consumer, nr, producers, consumer.name(), seq,
@@ -154,14 +204,14 @@ class Slot:
 
     def arrive(self, producer, gradient, kind=None, stock_view=False):
         if gradient is None:
-            self.arrivals.append((producer, kind or NOTHING, 0, False))
+            self.arrivals.append(Arrival(producer, kind or NOTHING, 0, False))
             return
         if not self._given:
             self._given = True
             self.first_address = _address(gradient)
         if self.grad_bytes is None:
             self.grad_bytes = gradient.numel() * gradient.element_size()
-        self.arrivals.append((producer, GRADIENT, storage_bytes(gradient), stock_view))
+        self.arrivals.append(Arrival(producer, GRADIENT, storage_bytes(gradient), stock_view))
 
     @property
     def out_of_place(self):
@@ -179,14 +229,34 @@ def _compiled_autograd_on():
     return module is not None and bool(getattr(module, "compiled_autograd_enabled", False))
 
 
-def _native_watch(roots, input_edges):
+_known_extension = (None, None)  # (the getter it was found for, _extension()'s answer)
+
+
+def _extension_now():
+    """``_extension()``, asked again only where ``ctx.input_grad_buffers``'s
+    getter (seen through an observer's wrapper, which each advise() block
+    places anew) is not the one it was asked for: its answer follows the
+    getter installed, and finding that out takes longer than a small
+    backward's walk."""
+    global _known_extension
+    member = FunctionCtx.__dict__.get("input_grad_buffers")
+    getter = getattr(member, "fget", member)
+    getter = getattr(getter, "__wrapped__", getter)
+    known = _known_extension
+    if getter is None or known[0] is not getter:
+        known = _known_extension = (getter, _extension())
+    return known[1]
+
+
+def _native_watch(roots, input_edges, grad_tensors):
     """The C++ watch of this backward (its walk, its hooks on the built-in
     nodes) and whether it is the advise-only build's (a torch that provides
     every member itself, whose explain() needs the nodes: it keeps them), or
-    (None, False) where Python's must do."""
+    (None, False) where Python's must do. The root gradients
+    (``grad_tensors``) have arrived in its slots."""
     if _compiled_autograd_on():
         return None, False
-    ext = _extension()
+    ext = _extension_now()
     watch = getattr(ext, "advise_watch", None)
     alone = False
     if watch is None and ext is None:
@@ -197,8 +267,7 @@ def _native_watch(roots, input_edges):
     if watch is None:
         return None, False
     try:
-        # keep_nodes only where asked: an older copy's extension takes two arguments
-        return (watch(roots, input_edges, True) if alone else watch(roots, input_edges)), alone
+        return watch(roots, input_edges, CROSSING, alone, grad_tensors), alone
     except (TypeError, ValueError):  # an edge it cannot read: Python's walk reads any
         return None, False
 
@@ -213,7 +282,7 @@ class Backward:
         self.problems = []  # what kept this backward from being fully seen
         roots = [_edge(t) for t in t_outputs]
         input_edges = [_edge(t) for t in inputs] if inputs else []
-        self.native, self.native_keeps_nodes = _native_watch(roots, input_edges)
+        self.native, self.native_keeps_nodes = _native_watch(roots, input_edges, grad_tensors)
         if self.native is not None:
             found = self.native.slots
             self.node_ids = set()
@@ -222,9 +291,9 @@ class Backward:
             # Every node this backward may run: for nothing_arrived, which
             # only a torch without the extension asks (the extension tells
             # it itself).
-            self.node_ids = set(nodes) if _extension() is None else set()
+            self.node_ids = set(nodes) if _extension_now() is None else set()
         if self.native is not None:
-            self.slots = [Slot.native(i, *slot) for i, slot in enumerate(found)]
+            self.slots = [Slot.native(i, slot) for i, slot in enumerate(found)]
         else:
             self.slots = [Slot.walked(i, *slot) for i, slot in enumerate(found)]
         # With ``shaped``: the graph's shape, by which advise() knows a
@@ -232,7 +301,7 @@ class Backward:
         # in the caches: after the engine's backward it costs five times more).
         self.lowest, self.shape = _shape(self.slots) if shaped else (None, None)
         self.functions = {}  # id(ctx) -> [(slot, producer index)]
-        self.slot_of = {(id(slot.consumer), slot.nr): slot for slot in self.slots}
+        self.slot_of = None  # (id(consumer), nr) -> slot, made where nothing_arrived is asked
         self._watch(grad_tensors)
 
     def _arrive(self, slot, index, gradient, kind=None, stock_view=False):
@@ -243,18 +312,22 @@ class Backward:
 
     def _watch(self, grad_tensors):
         posts, pres = {}, {}
-        native = self.native is not None  # its hooks are placed already
+        native = self.native is not None  # its hooks are placed, the root gradients arrived
         for slot in self.slots:
-            if not native:
-                pres.setdefault(id(slot.consumer), (slot.consumer, []))[1].append(slot)
+            if native:
+                if slot.holds_nodes:  # a custom Function producer: the apply wrapper sees it
+                    for index, producer in enumerate(slot.producers):
+                        if producer.node is not None:
+                            self.functions.setdefault(id(producer.node), []).append((slot, index))
+                continue
+            pres.setdefault(id(slot.consumer), (slot.consumer, []))[1].append(slot)
             for index, (_, seq, node, position) in enumerate(slot.producers):
-                if node is None:  # a root (no number), or a built-in node the extension watches
-                    if seq is None:  # the root gradient is in the slot before any node runs
-                        root = grad_tensors[position] if grad_tensors and position < len(grad_tensors) else None
-                        self._arrive(slot, index, root if isinstance(root, torch.Tensor) else None)
+                if node is None:  # a root: its gradient is in the slot before any node runs
+                    root = grad_tensors[position] if grad_tensors and position < len(grad_tensors) else None
+                    slot.arrive(index, root if isinstance(root, torch.Tensor) else None)
                 elif isinstance(node, BackwardCFunction):
                     self.functions.setdefault(id(node), []).append((slot, index))
-                elif not native:
+                else:
                     posts.setdefault(id(node), (node, []))[1].append((slot, index, position))
         for node, entries in posts.values():
             self.handles.append(node.register_hook(self._post_hook(entries)))
@@ -317,6 +390,8 @@ class Backward:
                 return None
         elif id(ctx) not in self.node_ids or id(node) not in self.node_ids:
             return None
+        if self.slot_of is None:
+            self.slot_of = {(id(slot.consumer), slot.nr): slot for slot in self.slots}
         slot = self.slot_of.get((id(node), nr))
         if slot is None:
             return True
@@ -335,13 +410,13 @@ class Backward:
         if native is None:
             return
         native.finish()
-        for slot, (arrivals, given, first, final, first_bytes) in zip(self.slots, native.results()):
-            slot.arrivals = arrivals
-            slot._given = given
-            slot.first_address = first
-            slot.final_address = final
-            if slot.grad_bytes is None and given:
-                slot.grad_bytes = first_bytes
+        for slot, outcome in zip(self.slots, native.results()):
+            slot.arrivals = outcome.arrivals
+            slot._given = outcome.given
+            slot.first_address = outcome.first_address
+            slot.final_address = outcome.final_address
+            if slot.grad_bytes is None and outcome.given:
+                slot.grad_bytes = outcome.first_bytes
         if native.compiled:
             self.problems.append("it ran under compiled autograd, which calls no C++ hook: "
                                  "what reached its slots was not seen")
@@ -354,10 +429,10 @@ class Backward:
             slot.consumer = None
             slot.leaf = None
             if slot.holds_nodes:
-                slot.producers = [(op, seq, None, position) for op, seq, _, position in slot.producers]
+                slot.producers = [p._replace(node=None) for p in slot.producers]
                 slot.holds_nodes = False
         self.functions = {}
-        self.slot_of = {}
+        self.slot_of = None
         self.node_ids = set()
         self.native = None
 
