@@ -49,7 +49,9 @@ import torch
 import torch.nn.functional as F
 
 from ._buffers import readable_buffers
-from ._matmul import backward as matmul_backward
+from ._matmul import backward as matmul_backward, fold, is_column_major
+
+_unsafe_view = torch.ops.aten._unsafe_view
 
 __all__ = ["FusedLinear", "FusedLinearFunction"]
 
@@ -58,16 +60,30 @@ class FusedLinearFunction(torch.autograd.Function):
     """``y = x @ weight.t() + bias`` whose backward fuses gradient accumulation.
 
     ``forward(ctx, x, weight, bias, fuse)``: ``bias`` may be ``None``; ``fuse``
-    False gives the plain out-of-place backward (for comparisons).
+    False gives the plain out-of-place backward (for comparisons). It
+    multiplies and saves what ``nn.Linear`` does, whatever ``x``'s strides
+    (``_matmul.fold``): a transposed, expanded, sliced or channels-last input
+    is copied once, in the forward, where ``nn.Linear`` copies it, and not
+    again in the backward.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, fuse):
-        out = F.linear(x, weight, bias)
-        ctx.save_for_backward(x, weight)
+        needs = ctx.needs_input_grad
+        folded = fold(x, needs[1])
+        if folded is x or folded is None:
+            out = F.linear(x, weight, bias)
+        else:
+            out = _unsafe_view(F.linear(folded, weight, bias), x.shape[:-1] + weight.shape[:1])
+        # What the backward reads, as aten::linear saves it: the (folded)
+        # input only where the weight's gradient needs it.
+        ctx.save_for_backward(folded if needs[1] else None, weight)
         ctx.fuse = fuse
         ctx.has_bias = bias is not None
-        ctx.x_dim = x.dim()
+        ctx.x_shape = x.shape
+        ctx.x_dtype = x.dtype
+        ctx.x_column_major = is_column_major(x)
+        ctx.x_view = x.dim() != 2 or ctx.x_column_major
         if out.dtype != weight.dtype:
             # autocast computed the output in lower precision: take its
             # gradient in the parameters' precision.
@@ -79,9 +95,10 @@ class FusedLinearFunction(torch.autograd.Function):
         """Whether ``nn.Linear``'s own backward returns argument ``index``'s
         gradient as a view, which the engine cannot add into (it sums out of
         place instead): the weight's (``weight.t()``), the bias's (reduced to
-        its shape) and a batched input's (reshaped back). ``advise`` counts
-        that sum as avoided where this Function's gradient came first."""
-        return index in (1, 2) or (index == 0 and ctx.x_dim != 2)
+        its shape), a batched input's (reshaped back) and a column-major
+        matrix's (transposed back). ``advise`` counts that sum as avoided
+        where this Function's gradient came first."""
+        return index in (1, 2) or (index == 0 and ctx.x_view)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -92,7 +109,9 @@ class FusedLinear(torch.nn.Linear):
     """``torch.nn.Linear`` with :class:`FusedLinearFunction` as its forward.
 
     ``fuse=False`` (or setting ``.fuse`` later) keeps the Function but never
-    reads the buffers: the same computation, unfused.
+    reads the buffers: the same computation, unfused. Where nothing can
+    receive a gradient (no grad mode, or neither the input nor a parameter
+    requires grad) it is ``nn.Linear``'s ``F.linear``, with no Function.
     """
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, fuse=True):
