@@ -105,7 +105,101 @@ def measure_fused(batch, dim, micro, repeats=15, memory=True, seed=0):
     return result
 
 
-MEASURES = {"fused": measure_fused}
+# FusedLinear's cost per call against nn.Linear's: (name, in, out, rows,
+# calls per step). One call per step has nothing to fuse (fuse() leaves such
+# a layer stock; this is what a layer swapped anyway costs); several calls
+# per step fuse all but the first to run backward.
+PER_CALL_CASES = [
+    ("64 x 64, 8 rows, used once", 64, 64, 8, 1),
+    ("64 x 64, 8 rows, used 4 times", 64, 64, 8, 4),
+    ("512 x 512, 64 rows, used once", 512, 512, 64, 1),
+    ("512 x 512, 64 rows, used 4 times", 512, 512, 64, 4),
+    ("1024 x 1024, 256 rows, used 4 times", 1024, 1024, 256, 4),
+]
+
+
+def measure_per_call(cases=None, rounds=15, steps=20, seed=0):
+    """Seconds per call (forward and backward, and forward under no_grad) of
+    ``nn.Linear`` and of ``FusedLinear`` with the same weights, each step
+    ``calls`` uses of the layer summed into one backward; the two alternate
+    round by round (``steps`` steps each), and each round gives one
+    fused - stock difference per call, in wall time and in this thread's CPU
+    time (``time.thread_time``: other processes' load does not count)."""
+    import torch
+
+    from torch_ctxext.nn import FusedLinear
+
+    results = []
+    for name, features, out, rows, calls in cases or PER_CALL_CASES:
+        gen = torch.Generator().manual_seed(seed)
+        stock = torch.nn.Linear(features, out)
+        fused = FusedLinear(features, out)
+        fused.load_state_dict(stock.state_dict())
+        xs = [torch.randn(rows, features, generator=gen).requires_grad_() for _ in range(calls)]
+
+        def step(layer):
+            layer.zero_grad(set_to_none=True)
+            sum(layer(x).sum() for x in xs).backward()
+
+        def forward(layer):
+            with torch.no_grad():
+                for x in xs:
+                    layer(x)
+
+        def timed(run, layer):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            for _ in range(steps):
+                run(layer)
+            return ((time.perf_counter() - wall) / (steps * calls), (time.thread_time() - cpu) / (steps * calls))
+
+        for layer in (stock, fused):  # warm up
+            step(layer)
+            forward(layer)
+        torch.testing.assert_close(fused.weight.grad, stock.weight.grad)
+        row = {"case": name, "calls": calls}
+        for label, run in (("step", step), ("no_grad", forward)):
+            got = {"stock": [], "fused": []}
+            order = ["stock", "fused"]
+            for _ in range(rounds):
+                for variant in order:
+                    got[variant].append(timed(run, stock if variant == "stock" else fused))
+                order.reverse()
+            for i, clock in enumerate(("wall", "cpu")):
+                stock_s = [t[i] for t in got["stock"]]
+                fused_s = [t[i] for t in got["fused"]]
+                row[f"{label}_{clock}_stock_us"] = statistics.median(stock_s) * 1e6
+                row[f"{label}_{clock}_extra_us"] = statistics.median(
+                    [f - s for f, s in zip(fused_s, stock_s)]) * 1e6
+        results.append(row)
+    return results
+
+
+def per_call_table(rows):
+    """``measure_per_call``'s rows as a Markdown table."""
+    out = ["| layer, step | nn.Linear us per call (CPU / wall) | FusedLinear - nn.Linear us per call "
+           "(CPU / wall) | under no_grad: FusedLinear - nn.Linear us (CPU / wall) |",
+           "|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['case']} | {r['step_cpu_stock_us']:.1f} / {r['step_wall_stock_us']:.1f} "
+                   f"| **{r['step_cpu_extra_us']:+.1f}** / {r['step_wall_extra_us']:+.1f} "
+                   f"| {r['no_grad_cpu_extra_us']:+.1f} / {r['no_grad_wall_extra_us']:+.1f} |")
+    return "\n".join(out)
+
+
+MEASURES = {"fused": measure_fused, "per_call": measure_per_call}
+
+
+if __name__ == "__main__":
+    # python benchmarks/bench_fused.py: FusedLinear's cost per call against
+    # nn.Linear's, in this process (torch_ctxext imported), one thread.
+    import torch
+
+    import torch_ctxext
+
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, torch_ctxext {torch_ctxext.__version__}; medians of "
+          f"rounds of fused - stock, alternated\n")
+    print(per_call_table(measure_per_call()))
 
 
 # --------------------------------------------------------------------------

@@ -48,10 +48,12 @@ reading one hidden state fuse whichever runs first).
 import torch
 import torch.nn.functional as F
 
-from ._buffers import readable_buffers
-from ._matmul import backward as matmul_backward, fold, is_column_major
+from ._matmul import fold, linear_grads
 
 _unsafe_view = torch.ops.aten._unsafe_view
+_grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling
+_NO_BUFFERS = (None, None, None)
 
 __all__ = ["FusedLinear", "FusedLinearFunction"]
 
@@ -69,21 +71,25 @@ class FusedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, fuse):
-        needs = ctx.needs_input_grad
-        folded = fold(x, needs[1])
-        if folded is x or folded is None:
+        # Runs at every call: the checks are what the common case needs
+        # (a matrix, or a contiguous batch), in that order.
+        needs_weight = ctx.needs_input_grad[1]
+        column_major = False
+        if x.dim() == 2:
+            saved = x
             out = F.linear(x, weight, bias)
+            rows, columns = x.stride()
+            column_major = rows == 1 and (x.shape[1] == 1 or columns >= max(1, x.shape[0]))
         else:
-            out = _unsafe_view(F.linear(folded, weight, bias), x.shape[:-1] + weight.shape[:1])
+            saved = fold(x, needs_weight)
+            if saved is x or saved is None:
+                out = F.linear(x, weight, bias)
+            else:
+                out = _unsafe_view(F.linear(saved, weight, bias), x.shape[:-1] + weight.shape[:1])
         # What the backward reads, as aten::linear saves it: the (folded)
         # input only where the weight's gradient needs it.
-        ctx.save_for_backward(folded if needs[1] else None, weight)
-        ctx.fuse = fuse
-        ctx.has_bias = bias is not None
-        ctx.x_shape = x.shape
-        ctx.x_dtype = x.dtype
-        ctx.x_column_major = is_column_major(x)
-        ctx.x_view = x.dim() != 2 or ctx.x_column_major
+        ctx.save_for_backward(saved if needs_weight else None, weight)
+        ctx.linear = (fuse, bias is not None, x.shape, x.dtype, column_major)
         if out.dtype != weight.dtype:
             # autocast computed the output in lower precision: take its
             # gradient in the parameters' precision.
@@ -98,11 +104,19 @@ class FusedLinearFunction(torch.autograd.Function):
         its shape), a batched input's (reshaped back) and a column-major
         matrix's (transposed back). ``advise`` counts that sum as avoided
         where this Function's gradient came first."""
-        return index in (1, 2) or (index == 0 and ctx.x_view)
+        return index in (1, 2) or (index == 0 and (len(ctx.linear[2]) != 2 or ctx.linear[4]))
 
     @staticmethod
     def backward(ctx, grad_out):
-        return matmul_backward(ctx, grad_out, readable_buffers(ctx, ctx.fuse)[:3], stored_out_in=True)
+        x, weight = ctx.saved_tensors
+        fuse, has_bias, shape, dtype, column_major = ctx.linear
+        if fuse and not _grad_enabled() and not _compiling():
+            buffers = ctx.input_grad_buffers[:3]  # (readable_buffers, inlined: this runs at every call)
+        else:
+            buffers = _NO_BUFFERS
+        needs = ctx.needs_input_grad
+        return (*linear_grads(grad_out, x, weight, (needs[0], needs[1], has_bias and needs[2]), buffers, True,
+                              shape, dtype, column_major), None)
 
 
 class FusedLinear(torch.nn.Linear):
@@ -119,7 +133,11 @@ class FusedLinear(torch.nn.Linear):
         self.fuse = fuse
 
     def forward(self, x):
-        return FusedLinearFunction.apply(x, self.weight, self.bias, self.fuse)
+        weight, bias = self.weight, self.bias
+        if not _grad_enabled() or not (x.requires_grad or weight.requires_grad
+                                       or (bias is not None and bias.requires_grad)):
+            return F.linear(x, weight, bias)  # no gradient: nothing to fuse
+        return FusedLinearFunction.apply(x, weight, bias, self.fuse)
 
     def extra_repr(self):
         return super().extra_repr() + f", fuse={self.fuse}"
