@@ -118,6 +118,31 @@ PER_CALL_CASES = [
 ]
 
 
+def _FloorLinear(features, out):
+    """An ``nn.Linear`` whose forward is the least custom Function there is
+    (``F.linear``, then ``g @ W``, ``g.t() @ x`` and ``g.sum(0)``): what any
+    Python ``autograd.Function`` costs a call, the floor under FusedLinear's."""
+    import torch
+    import torch.nn.functional as F
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias):
+            ctx.save_for_backward(x, weight)
+            return F.linear(x, weight, bias)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, weight = ctx.saved_tensors
+            return g.mm(weight), g.t().mm(x), g.sum(0)
+
+    class FloorLinear(torch.nn.Linear):
+        def forward(self, x):
+            return Floor.apply(x, self.weight, self.bias)
+
+    return FloorLinear(features, out)
+
+
 def measure_per_call(cases=None, rounds=15, steps=20, seed=0):
     """Seconds per call (forward and backward, and forward under no_grad) of
     ``nn.Linear`` and of ``FusedLinear`` with the same weights, each step
@@ -135,6 +160,9 @@ def measure_per_call(cases=None, rounds=15, steps=20, seed=0):
         stock = torch.nn.Linear(features, out)
         fused = FusedLinear(features, out)
         fused.load_state_dict(stock.state_dict())
+        floor = _FloorLinear(features, out)
+        floor.load_state_dict(stock.state_dict())
+        layers = {"stock": stock, "fused": fused, "floor": floor}
         xs = [torch.randn(rows, features, generator=gen).requires_grad_() for _ in range(calls)]
 
         def step(layer):
@@ -152,24 +180,25 @@ def measure_per_call(cases=None, rounds=15, steps=20, seed=0):
                 run(layer)
             return ((time.perf_counter() - wall) / (steps * calls), (time.thread_time() - cpu) / (steps * calls))
 
-        for layer in (stock, fused):  # warm up
+        for layer in layers.values():  # warm up
             step(layer)
             forward(layer)
         torch.testing.assert_close(fused.weight.grad, stock.weight.grad)
         row = {"case": name, "calls": calls}
         for label, run in (("step", step), ("no_grad", forward)):
-            got = {"stock": [], "fused": []}
-            order = ["stock", "fused"]
+            got = {variant: [] for variant in layers}
+            order = list(layers)
             for _ in range(rounds):
                 for variant in order:
-                    got[variant].append(timed(run, stock if variant == "stock" else fused))
+                    got[variant].append(timed(run, layers[variant]))
                 order.reverse()
             for i, clock in enumerate(("wall", "cpu")):
                 stock_s = [t[i] for t in got["stock"]]
-                fused_s = [t[i] for t in got["fused"]]
                 row[f"{label}_{clock}_stock_us"] = statistics.median(stock_s) * 1e6
-                row[f"{label}_{clock}_extra_us"] = statistics.median(
-                    [f - s for f, s in zip(fused_s, stock_s)]) * 1e6
+                for variant, key in (("fused", "extra"), ("floor", "floor")):
+                    times = [t[i] for t in got[variant]]
+                    row[f"{label}_{clock}_{key}_us"] = statistics.median(
+                        [f - s for f, s in zip(times, stock_s)]) * 1e6
         results.append(row)
     return results
 
@@ -177,11 +206,13 @@ def measure_per_call(cases=None, rounds=15, steps=20, seed=0):
 def per_call_table(rows):
     """``measure_per_call``'s rows as a Markdown table."""
     out = ["| layer, step | nn.Linear us per call (CPU / wall) | FusedLinear - nn.Linear us per call "
-           "(CPU / wall) | under no_grad: FusedLinear - nn.Linear us (CPU / wall) |",
-           "|---|---|---|---|"]
+           "(CPU / wall) | least custom Function - nn.Linear us per call (CPU / wall) "
+           "| under no_grad: FusedLinear - nn.Linear us (CPU / wall) |",
+           "|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['case']} | {r['step_cpu_stock_us']:.1f} / {r['step_wall_stock_us']:.1f} "
                    f"| **{r['step_cpu_extra_us']:+.1f}** / {r['step_wall_extra_us']:+.1f} "
+                   f"| {r['step_cpu_floor_us']:+.1f} / {r['step_wall_floor_us']:+.1f} "
                    f"| {r['no_grad_cpu_extra_us']:+.1f} / {r['no_grad_wall_extra_us']:+.1f} |")
     return "\n".join(out)
 
@@ -192,6 +223,8 @@ MEASURES = {"fused": measure_fused, "per_call": measure_per_call}
 if __name__ == "__main__":
     # python benchmarks/bench_fused.py: FusedLinear's cost per call against
     # nn.Linear's, in this process (torch_ctxext imported), one thread.
+    import sys
+
     import torch
 
     import torch_ctxext
@@ -199,7 +232,7 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, torch_ctxext {torch_ctxext.__version__}; medians of "
           f"rounds of fused - stock, alternated\n")
-    print(per_call_table(measure_per_call()))
+    print(per_call_table(measure_per_call(rounds=int(sys.argv[1]) if len(sys.argv) > 1 else 15)))
 
 
 # --------------------------------------------------------------------------

@@ -112,3 +112,23 @@ def test_fuses_docstring_example_runs_as_written():
 
     result = doctest.testmod(sys.modules["torch_ctxext.nn.fuse"], optionflags=doctest.ELLIPSIS)
     assert result.attempted and not result.failed
+
+
+def test_a_drop_in_whose_fused_add_allocates_more_than_it_saves_is_neither_advised_nor_swapped():
+    """A tied embedding two floats wide that scales its rows by their
+    frequency: its fused add would allocate each row's count and scale (12
+    bytes a row) to save an 8-byte row of gradient. Only the head pays."""
+    def tied():
+        model = torch.nn.ModuleDict({"embedding": torch.nn.Embedding(16, 2, scale_grad_by_freq=True),
+                                     "head": torch.nn.Linear(2, 16, bias=False)})
+        model["head"].weight = model["embedding"].weight
+        return model
+
+    tokens = torch.arange(32).reshape(4, 8) % 16
+    model = tied()
+    with torch_ctxext.advise(model) as report:
+        model["head"](model["embedding"](tokens)).sum().backward()
+    assert [p.drop_in for p in report["embedding.weight"].producers] == ["FusedLinear", "FusedEmbedding"]
+    assert {d.module for d in report.drop_ins.values()} == {"head"}
+    fuse(model, report)
+    assert classes(model) == {"embedding": "Embedding", "head": "FusedLinear"}

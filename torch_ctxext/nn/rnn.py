@@ -81,7 +81,8 @@ class FusedLSTMCell(torch.nn.LSTMCell):
 
     Same ``__init__``, parameters, ``state_dict`` and call signature
     (``cell(input, (h, c))``, batched or not); ``fuse=False`` keeps the
-    Function but never reads the buffers.
+    Function but never reads the buffers. Without grad mode it is
+    ``nn.LSTMCell``'s forward, with no Function.
     """
 
     def __init__(self, *args, fuse=True, **kwargs):
@@ -89,6 +90,8 @@ class FusedLSTMCell(torch.nn.LSTMCell):
         self.fuse = fuse
 
     def forward(self, input, hx=None):
+        if not torch.is_grad_enabled():
+            return super().forward(input, hx)  # no gradient: nothing to fuse
         if input.dim() not in (1, 2):
             raise ValueError(
                 f"FusedLSTMCell: Expected input to be 1D or 2D, got {input.dim()}D instead"
