@@ -217,7 +217,81 @@ def per_call_table(rows):
     return "\n".join(out)
 
 
-MEASURES = {"fused": measure_fused, "per_call": measure_per_call}
+def _mixer(tokens=64, channels=32, depth=2, batch=8):
+    """An MLP-Mixer with its block shared ``depth`` times (token mixing: a
+    Linear along the sequence axis of the transposed activation), a
+    single-use embedding and head: the model and one step's input."""
+    import torch
+    import torch.nn.functional as F
+
+    class MLP(torch.nn.Module):
+        def __init__(self, features):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(features, 2 * features)
+            self.fc2 = torch.nn.Linear(2 * features, features)
+
+        def forward(self, x):
+            return self.fc2(F.gelu(self.fc1(x)))
+
+    class Mixer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Linear(channels, channels)
+            self.norm1, self.norm2 = torch.nn.LayerNorm(channels), torch.nn.LayerNorm(channels)
+            self.tokens, self.channels = MLP(tokens), MLP(channels)
+            self.head = torch.nn.Linear(channels, 10)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for _ in range(depth):
+                x = x + self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+                x = x + self.channels(self.norm2(x))
+            return self.head(x.mean(1))
+
+    return Mixer, torch.randn(batch, tokens, channels, generator=torch.Generator().manual_seed(0))
+
+
+def measure_fuse_selection(rounds=15, steps=10):
+    """Seconds per training step of a shared MLP-Mixer: stock, every Linear
+    fused (``fuse(model, everything=True)``) and only those that pay
+    (``fuse(model, report)``), alternated round by round; medians of each
+    variant's time per step over rounds, and of the per-round ratios."""
+    import copy
+
+    import torch
+
+    import torch_ctxext
+
+    Mixer, x = _mixer()
+    stock = Mixer()
+    with torch_ctxext.advise(stock) as report:
+        stock(x).sum().backward()
+    variants = {"stock": stock,
+                "all": torch_ctxext.nn.fuse(copy.deepcopy(stock), everything=True),
+                "paying": torch_ctxext.nn.fuse(copy.deepcopy(stock), report)}
+
+    def step(model):
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+
+    times = {v: [] for v in variants}
+    order = list(variants)
+    for model in variants.values():
+        step(model)
+    for _ in range(rounds):
+        for v in order:
+            start = time.thread_time()
+            for _ in range(steps):
+                step(variants[v])
+            times[v].append((time.thread_time() - start) / steps)
+        order.reverse()
+    swapped = {v: sum(type(m).__name__ == "FusedLinear" for m in model.modules()) for v, model in variants.items()}
+    return {v: {"ms": statistics.median(t) * 1e3,
+                "ratio": statistics.median([a / b for a, b in zip(t, times["stock"])]),
+                "fused_linears": swapped[v]} for v, t in times.items()}
+
+
+MEASURES = {"fused": measure_fused, "per_call": measure_per_call, "fuse_selection": measure_fuse_selection}
 
 
 if __name__ == "__main__":
@@ -232,7 +306,12 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, torch_ctxext {torch_ctxext.__version__}; medians of "
           f"rounds of fused - stock, alternated\n")
-    print(per_call_table(measure_per_call(rounds=int(sys.argv[1]) if len(sys.argv) > 1 else 15)))
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+    print(per_call_table(measure_per_call(rounds=rounds)))
+    print("\nA shared MLP-Mixer's training step (CPU ms per step, and / stock):\n")
+    print("| model | Linears fused | ms | / stock |\n|---|---|---|---|")
+    for variant, r in measure_fuse_selection(rounds=rounds).items():
+        print(f"| {variant} | {r['fused_linears']} | {r['ms']:.2f} | {r['ratio']:.3f} |")
 
 
 # --------------------------------------------------------------------------
