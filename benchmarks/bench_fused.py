@@ -105,7 +105,213 @@ def measure_fused(batch, dim, micro, repeats=15, memory=True, seed=0):
     return result
 
 
-MEASURES = {"fused": measure_fused}
+# FusedLinear's cost per call against nn.Linear's: (name, in, out, rows,
+# calls per step). One call per step has nothing to fuse (fuse() leaves such
+# a layer stock; this is what a layer swapped anyway costs); several calls
+# per step fuse all but the first to run backward.
+PER_CALL_CASES = [
+    ("64 x 64, 8 rows, used once", 64, 64, 8, 1),
+    ("64 x 64, 8 rows, used 4 times", 64, 64, 8, 4),
+    ("512 x 512, 64 rows, used once", 512, 512, 64, 1),
+    ("512 x 512, 64 rows, used 4 times", 512, 512, 64, 4),
+    ("1024 x 1024, 256 rows, used 4 times", 1024, 1024, 256, 4),
+]
+
+
+def _FloorLinear(features, out):
+    """An ``nn.Linear`` whose forward is the least custom Function there is
+    (``F.linear``, then ``g @ W``, ``g.t() @ x`` and ``g.sum(0)``): what any
+    Python ``autograd.Function`` costs a call, the floor under FusedLinear's."""
+    import torch
+    import torch.nn.functional as F
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias):
+            ctx.save_for_backward(x, weight)
+            return F.linear(x, weight, bias)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, weight = ctx.saved_tensors
+            return g.mm(weight), g.t().mm(x), g.sum(0)
+
+    class FloorLinear(torch.nn.Linear):
+        def forward(self, x):
+            return Floor.apply(x, self.weight, self.bias)
+
+    return FloorLinear(features, out)
+
+
+def measure_per_call(cases=None, rounds=15, steps=20, seed=0):
+    """Seconds per call (forward and backward, and forward under no_grad) of
+    ``nn.Linear`` and of ``FusedLinear`` with the same weights, each step
+    ``calls`` uses of the layer summed into one backward; the two alternate
+    round by round (``steps`` steps each), and each round gives one
+    fused - stock difference per call, in wall time and in this thread's CPU
+    time (``time.thread_time``: other processes' load does not count)."""
+    import torch
+
+    from torch_ctxext.nn import FusedLinear
+
+    results = []
+    for name, features, out, rows, calls in cases or PER_CALL_CASES:
+        gen = torch.Generator().manual_seed(seed)
+        stock = torch.nn.Linear(features, out)
+        fused = FusedLinear(features, out)
+        fused.load_state_dict(stock.state_dict())
+        floor = _FloorLinear(features, out)
+        floor.load_state_dict(stock.state_dict())
+        layers = {"stock": stock, "fused": fused, "floor": floor}
+        xs = [torch.randn(rows, features, generator=gen).requires_grad_() for _ in range(calls)]
+
+        def step(layer):
+            layer.zero_grad(set_to_none=True)
+            sum(layer(x).sum() for x in xs).backward()
+
+        def forward(layer):
+            with torch.no_grad():
+                for x in xs:
+                    layer(x)
+
+        def timed(run, layer):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            for _ in range(steps):
+                run(layer)
+            return ((time.perf_counter() - wall) / (steps * calls), (time.thread_time() - cpu) / (steps * calls))
+
+        for layer in layers.values():  # warm up
+            step(layer)
+            forward(layer)
+        torch.testing.assert_close(fused.weight.grad, stock.weight.grad)
+        row = {"case": name, "calls": calls}
+        for label, run in (("step", step), ("no_grad", forward)):
+            got = {variant: [] for variant in layers}
+            order = list(layers)
+            for _ in range(rounds):
+                for variant in order:
+                    got[variant].append(timed(run, layers[variant]))
+                order.reverse()
+            for i, clock in enumerate(("wall", "cpu")):
+                stock_s = [t[i] for t in got["stock"]]
+                row[f"{label}_{clock}_stock_us"] = statistics.median(stock_s) * 1e6
+                for variant, key in (("fused", "extra"), ("floor", "floor")):
+                    times = [t[i] for t in got[variant]]
+                    row[f"{label}_{clock}_{key}_us"] = statistics.median(
+                        [f - s for f, s in zip(times, stock_s)]) * 1e6
+        results.append(row)
+    return results
+
+
+def per_call_table(rows):
+    """``measure_per_call``'s rows as a Markdown table."""
+    out = ["| layer, step | nn.Linear us per call (CPU / wall) | FusedLinear - nn.Linear us per call "
+           "(CPU / wall) | least custom Function - nn.Linear us per call (CPU / wall) "
+           "| under no_grad: FusedLinear - nn.Linear us (CPU / wall) |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['case']} | {r['step_cpu_stock_us']:.1f} / {r['step_wall_stock_us']:.1f} "
+                   f"| **{r['step_cpu_extra_us']:+.1f}** / {r['step_wall_extra_us']:+.1f} "
+                   f"| {r['step_cpu_floor_us']:+.1f} / {r['step_wall_floor_us']:+.1f} "
+                   f"| {r['no_grad_cpu_extra_us']:+.1f} / {r['no_grad_wall_extra_us']:+.1f} |")
+    return "\n".join(out)
+
+
+def _mixer(tokens=64, channels=32, depth=2, batch=8):
+    """An MLP-Mixer with its block shared ``depth`` times (token mixing: a
+    Linear along the sequence axis of the transposed activation), a
+    single-use embedding and head: the model and one step's input."""
+    import torch
+    import torch.nn.functional as F
+
+    class MLP(torch.nn.Module):
+        def __init__(self, features):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(features, 2 * features)
+            self.fc2 = torch.nn.Linear(2 * features, features)
+
+        def forward(self, x):
+            return self.fc2(F.gelu(self.fc1(x)))
+
+    class Mixer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Linear(channels, channels)
+            self.norm1, self.norm2 = torch.nn.LayerNorm(channels), torch.nn.LayerNorm(channels)
+            self.tokens, self.channels = MLP(tokens), MLP(channels)
+            self.head = torch.nn.Linear(channels, 10)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for _ in range(depth):
+                x = x + self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+                x = x + self.channels(self.norm2(x))
+            return self.head(x.mean(1))
+
+    return Mixer, torch.randn(batch, tokens, channels, generator=torch.Generator().manual_seed(0))
+
+
+def measure_fuse_selection(rounds=15, steps=10):
+    """Seconds per training step of a shared MLP-Mixer: stock, every Linear
+    fused (``fuse(model, everything=True)``) and only those that pay
+    (``fuse(model, report)``), alternated round by round; medians of each
+    variant's time per step over rounds, and of the per-round ratios."""
+    import copy
+
+    import torch
+
+    import torch_ctxext
+
+    Mixer, x = _mixer()
+    stock = Mixer()
+    with torch_ctxext.advise(stock) as report:
+        stock(x).sum().backward()
+    variants = {"stock": stock,
+                "all": torch_ctxext.nn.fuse(copy.deepcopy(stock), everything=True),
+                "paying": torch_ctxext.nn.fuse(copy.deepcopy(stock), report)}
+
+    def step(model):
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+
+    times = {v: [] for v in variants}
+    order = list(variants)
+    for model in variants.values():
+        step(model)
+    for _ in range(rounds):
+        for v in order:
+            start = time.thread_time()
+            for _ in range(steps):
+                step(variants[v])
+            times[v].append((time.thread_time() - start) / steps)
+        order.reverse()
+    swapped = {v: sum(type(m).__name__ == "FusedLinear" for m in model.modules()) for v, model in variants.items()}
+    return {v: {"ms": statistics.median(t) * 1e3,
+                "ratio": statistics.median([a / b for a, b in zip(t, times["stock"])]),
+                "fused_linears": swapped[v]} for v, t in times.items()}
+
+
+MEASURES = {"fused": measure_fused, "per_call": measure_per_call, "fuse_selection": measure_fuse_selection}
+
+
+if __name__ == "__main__":
+    # python benchmarks/bench_fused.py: FusedLinear's cost per call against
+    # nn.Linear's, in this process (torch_ctxext imported), one thread.
+    import sys
+
+    import torch
+
+    import torch_ctxext
+
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, torch_ctxext {torch_ctxext.__version__}; medians of "
+          f"rounds of fused - stock, alternated\n")
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+    print(per_call_table(measure_per_call(rounds=rounds)))
+    print("\nA shared MLP-Mixer's training step (CPU ms per step, and / stock):\n")
+    print("| model | Linears fused | ms | / stock |\n|---|---|---|---|")
+    for variant, r in measure_fuse_selection(rounds=rounds).items():
+        print(f"| {variant} | {r['fused_linears']} | {r['ms']:.2f} | {r['ratio']:.3f} |")
 
 
 # --------------------------------------------------------------------------

@@ -113,6 +113,27 @@ def _known_descriptions(model):
     return entry[1]
 
 
+# The report of the latest block on each model that observed a backward:
+# what torch_ctxext.nn.fuse(model) swaps in when given nothing else (the
+# report whose "do this" line names it). By the model's identity, dropped with it.
+_LATEST = {}  # id(model) -> (weakref to it, its latest report)
+
+
+def _remember(model, report):
+    with _described_lock:
+        for i in [i for i, (ref, _) in _LATEST.items() if ref() is None]:
+            del _LATEST[i]
+        _LATEST[id(model)] = (weakref.ref(model), report)
+
+
+def latest_report(model):
+    """The report of the latest ``advise(model)`` block on ``model`` that
+    observed a backward, or None."""
+    with _described_lock:
+        entry = _LATEST.get(id(model))
+    return entry[1] if entry is not None and entry[0]() is model else None
+
+
 def _residual(module):
     """Bytes a drop-in's fused path still allocates at each add into its
     weight: for an embedding, one row where it has a ``padding_idx`` and,
@@ -166,6 +187,8 @@ class Advise:
         report.closed = True
         if not report.backwards and not report.failures:
             report.note(self._why_no_backward())
+        elif self.model is not None:
+            _remember(self.model, report)
         return False
 
     def _why_no_backward(self):

@@ -187,8 +187,10 @@ def account(slot, arrivals, out_of_place, create_graph):
             savings.append((first[0], grad_bytes))
             saved += grad_bytes
         advice = producers[producer]
-        if exposable and advice.drop_in is not None:
-            nbytes = max(nbytes - advice.residual, 0)
+        if exposable and advice.drop_in is not None and nbytes > advice.residual:
+            # (a fused add that allocates as much as the gradient does not
+            # pay: not advised, so fuse(model, report) leaves it stock)
+            nbytes -= advice.residual
             savings.append((producer, nbytes))
             saved += nbytes
         events.append(saved)

@@ -1,4 +1,12 @@
-"""The backward of ``y = x @ W + b`` shared by FusedLinear and FusedConv1D.
+"""The forward and backward of ``y = x @ W + b`` shared by FusedLinear, FusedConv1D and FusedLSTMCell.
+
+The forward multiplies and saves what ``nn.Linear`` does, whatever the
+input's strides (:func:`fold`): an input of more than two dimensions is
+folded into a matrix, a view where its strides allow one and otherwise the
+contiguous copy ``aten::matmul`` makes and saves, so the backward never
+copies the input again, and an input the weight's gradient does not need is
+not saved at all. What a drop-in allocates is then what the stock layer
+allocates, less the gradients it adds into the engine's buffers.
 
 Every gradient returned here is a tensor of its own, never a view: the engine
 keeps the first gradient that reaches a slot as its buffer and exposes it to
@@ -13,15 +21,52 @@ import threading
 
 import torch
 
-__all__ = ["as_matrix", "input_grad", "weight_grad", "bias_grad", "backward", "linear_grads"]
+__all__ = ["fold", "is_column_major", "input_grad", "weight_grad", "bias_grad", "backward", "linear_grads"]
 
 _ones = {}  # (device, dtype) -> a vector of ones, grown as needed, never shrunk
 _ones_lock = threading.Lock()
+_unsafe_view = torch.ops.aten._unsafe_view
+
+
+def fold(x, weight_needs_grad):
+    """What of ``x`` ``aten::linear`` multiplies and saves: ``x`` itself
+    where it is a matrix or folds into one as a view, the folded copy,
+    else None.
+
+    ``aten::linear`` (``aten::matmul``) folds an input of more than two
+    dimensions into a matrix when that is a view, and also, as a contiguous
+    copy that its backward then reads, when the weight requires grad; an
+    input it does not fold (strided, with a frozen weight) it multiplies as
+    a batch, and so does the drop-in (None: ``F.linear`` on ``x`` itself)."""
+    if x.dim() <= 2 or _viewable(x):
+        return x  # the backward folds it, a view
+    if weight_needs_grad:
+        # The copy, made with grad mode on as aten::matmul makes it: a
+        # double backward differentiates the weight's gradient through it.
+        with torch.enable_grad():
+            return x.flatten(0, -2)
+    return None
+
+
+def _viewable(x):
+    """Whether ``x``'s leading dimensions fold into one without a copy."""
+    if x.is_contiguous():
+        return True
+    sizes, strides = x.shape, x.stride()
+    return all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(x.dim() - 2)) and x.numel() > 0
+
+
+def is_column_major(x):
+    """Whether the matrix ``x`` is stored column by column: ``aten::mm``'s
+    backward then returns its gradient transposed, a view (FunctionsManual's
+    ``is_column_major``)."""
+    strides = x.stride()
+    return x.dim() == 2 and strides[0] == 1 and (x.shape[1] == 1 or strides[1] >= max(1, x.shape[0]))
 
 
 def as_matrix(t):
     """(..., features) -> (rows, features), a view where possible."""
-    return t.reshape(-1, t.shape[-1])
+    return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
 
 
 def ones(rows, like):
@@ -35,17 +80,27 @@ def ones(rows, like):
     return vector[:rows]
 
 
-def input_grad(g, w_x, x, x_buf):
+def input_grad(g, w_x, shape, x_buf, column_major=False):
     """The input's gradient ``g @ w_x`` (``w_x``: ``out x in``) added into
-    ``x_buf`` (returns None) or returned as a tensor of its own in ``x``'s
-    shape (``_unsafe_view``: a reshape that is not a view to autograd)."""
-    if x_buf is not None and x_buf.is_contiguous() and x_buf.dtype == x.dtype:
-        x_buf.view(-1, x.shape[-1]).addmm_(g, w_x)
-        return None
-    product = g @ w_x
-    if product.shape == x.shape:
+    ``x_buf`` (returns None) or returned as a tensor of its own of ``shape``
+    (``_unsafe_view``: a reshape that is not a view to autograd); for a
+    ``column_major`` input matrix, stored column by column as ``aten::mm``'s
+    backward returns it (its transpose is then contiguous, as the input's
+    own transpose is: ``AccumulateGrad`` keeps it without a copy)."""
+    if x_buf is not None and x_buf.dtype == g.dtype:
+        if x_buf.is_contiguous():
+            x_buf.view(-1, shape[-1]).addmm_(g, w_x)
+            return None
+        if x_buf.dim() == 2 and x_buf.t().is_contiguous():
+            x_buf.t().addmm_(w_x.t(), g.t())
+            return None
+    if column_major:
+        product = torch.empty_strided(shape, (1, shape[0]), dtype=g.dtype, device=g.device)
+        return torch.mm(g, w_x, out=product)
+    product = g.mm(w_x)
+    if len(shape) == 2:
         return product
-    return torch.ops.aten._unsafe_view(product, x.shape)
+    return _unsafe_view(product, shape)
 
 
 def weight_grad(a, b, w_buf, dtype):
@@ -54,7 +109,8 @@ def weight_grad(a, b, w_buf, dtype):
     if w_buf is not None and w_buf.dtype == a.dtype:
         w_buf.addmm_(a, b)
         return None
-    return (a @ b).to(dtype)
+    product = a.mm(b)
+    return product if product.dtype == dtype else product.to(dtype)
 
 
 def bias_grad(g, b_buf):
@@ -67,27 +123,37 @@ def bias_grad(g, b_buf):
 
 
 def backward(ctx, grad_out, buffers, stored_out_in):
-    """The three gradients of ``y = x @ W (+ b)`` from the saved ``x`` and
-    ``weight``: ``stored_out_in`` for a weight stored ``out x in``
+    """The three gradients of ``y = x @ W (+ b)`` from the saved (folded)
+    ``x`` and ``weight``: ``stored_out_in`` for a weight stored ``out x in``
     (``nn.Linear``), else ``in x out`` (``Conv1D``). ``buffers``: the
     entries of ``ctx.input_grad_buffers`` for x, weight and bias."""
     x, weight = ctx.saved_tensors
-    needs = ctx.needs_input_grad[:2] + ((ctx.has_bias and ctx.needs_input_grad[2]),)
-    return (*linear_grads(grad_out, x, weight, needs, buffers, stored_out_in), None)
+    needs = ctx.needs_input_grad
+    return (*linear_grads(grad_out, x, weight, (needs[0], needs[1], ctx.has_bias and needs[2]), buffers,
+                          stored_out_in, ctx.x_shape, ctx.x_dtype, ctx.x_column_major), None)
 
 
-def linear_grads(grad_out, x, weight, needs, buffers, stored_out_in=True):
+def linear_grads(grad_out, x, weight, needs, buffers, stored_out_in=True, x_shape=None, x_dtype=None,
+                 x_column_major=False):
     """``(grad_x, grad_w, grad_b)`` of ``y = x @ W (+ b)``, each only where
     ``needs`` says (None otherwise, and None where it was added into its
-    entry of ``buffers``)."""
+    entry of ``buffers``). ``x``: the input as the forward saved it (a
+    matrix, or None where the weight's gradient is not needed); ``x_shape``
+    and ``x_dtype``: the input's own (default: ``x``'s); ``x_column_major``:
+    the input was a matrix stored column by column (:func:`input_grad`)."""
     x_buf, w_buf, b_buf = buffers
-    g = as_matrix(grad_out)
+    g = grad_out if grad_out.dim() == 2 else grad_out.reshape(-1, grad_out.shape[-1])
     grad_x = grad_w = grad_b = None
     if needs[0]:
-        w_x = weight.to(x.dtype)
-        grad_x = input_grad(g.to(x.dtype), w_x if stored_out_in else w_x.t(), x, x_buf)
+        dtype = x.dtype if x_dtype is None else x_dtype
+        w_x = weight if weight.dtype == dtype else weight.to(dtype)
+        g_x = g if g.dtype == dtype else g.to(dtype)
+        grad_x = input_grad(g_x, w_x if stored_out_in else w_x.t(), x.shape if x_shape is None else x_shape, x_buf,
+                            x_column_major)
     if needs[1]:
-        x2 = as_matrix(x).to(g.dtype)
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        if x2.dtype != g.dtype:
+            x2 = x2.to(g.dtype)
         a, b = (g.t(), x2) if stored_out_in else (x2.t(), g)
         grad_w = weight_grad(a, b, w_buf, weight.dtype)
     if needs[2]:

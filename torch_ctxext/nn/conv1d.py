@@ -46,10 +46,14 @@ class FusedConv1DFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, fuse):
         size_out = x.size()[:-1] + (weight.shape[1],)
-        out = torch.addmm(bias, x.view(-1, x.size(-1)), weight).view(size_out)
-        ctx.save_for_backward(x, weight)
+        folded = x.view(-1, x.size(-1))  # as Conv1D's forward: x must be viewable so
+        out = torch.addmm(bias, folded, weight).view(size_out)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight)
         ctx.fuse = fuse
         ctx.has_bias = True
+        ctx.x_shape = x.shape
+        ctx.x_dtype = x.dtype
+        ctx.x_column_major = False  # Conv1D's forward views x
         if out.dtype != weight.dtype:
             ctx.set_output_grad_dtype(weight.dtype)
         return out

@@ -121,6 +121,8 @@ class FusedEmbedding(torch.nn.Embedding):
 
     Same ``__init__``, parameters and ``state_dict``; ``fuse=False`` (or
     setting ``.fuse`` later) keeps the Function but never reads the buffers.
+    Where the weight receives no gradient (no grad mode, or a frozen weight)
+    it is ``nn.Embedding``'s lookup, with no Function.
     """
 
     def __init__(self, *args, fuse=True, **kwargs):
@@ -128,8 +130,8 @@ class FusedEmbedding(torch.nn.Embedding):
         self.fuse = fuse
 
     def forward(self, input):
-        if self.sparse:
-            return super().forward(input)
+        if self.sparse or not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return super().forward(input)  # sparse, or no gradient: nothing to fuse
         if self.max_norm is not None:
             # What F.embedding does first: renormalise the rows looked up,
             # in place, outside autograd.

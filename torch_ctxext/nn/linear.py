@@ -48,8 +48,12 @@ reading one hidden state fuse whichever runs first).
 import torch
 import torch.nn.functional as F
 
-from ._buffers import readable_buffers
-from ._matmul import backward as matmul_backward
+from ._matmul import fold, linear_grads
+
+_unsafe_view = torch.ops.aten._unsafe_view
+_grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling
+_NO_BUFFERS = (None, None, None)
 
 __all__ = ["FusedLinear", "FusedLinearFunction"]
 
@@ -58,16 +62,34 @@ class FusedLinearFunction(torch.autograd.Function):
     """``y = x @ weight.t() + bias`` whose backward fuses gradient accumulation.
 
     ``forward(ctx, x, weight, bias, fuse)``: ``bias`` may be ``None``; ``fuse``
-    False gives the plain out-of-place backward (for comparisons).
+    False gives the plain out-of-place backward (for comparisons). It
+    multiplies and saves what ``nn.Linear`` does, whatever ``x``'s strides
+    (``_matmul.fold``): a transposed, expanded, sliced or channels-last input
+    is copied once, in the forward, where ``nn.Linear`` copies it, and not
+    again in the backward.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, fuse):
-        out = F.linear(x, weight, bias)
-        ctx.save_for_backward(x, weight)
-        ctx.fuse = fuse
-        ctx.has_bias = bias is not None
-        ctx.x_dim = x.dim()
+        # Runs at every call: the checks are what the common case needs
+        # (a matrix, or a contiguous batch), in that order.
+        needs_weight = ctx.needs_input_grad[1]
+        column_major = False
+        if x.dim() == 2:
+            saved = x
+            out = F.linear(x, weight, bias)
+            rows, columns = x.stride()
+            column_major = rows == 1 and (x.shape[1] == 1 or columns >= max(1, x.shape[0]))
+        else:
+            saved = fold(x, needs_weight)
+            if saved is x or saved is None:
+                out = F.linear(x, weight, bias)
+            else:
+                out = _unsafe_view(F.linear(saved, weight, bias), x.shape[:-1] + weight.shape[:1])
+        # What the backward reads, as aten::linear saves it: the (folded)
+        # input only where the weight's gradient needs it.
+        ctx.save_for_backward(saved if needs_weight else None, weight)
+        ctx.linear = (fuse, bias is not None, x.shape, x.dtype, column_major)
         if out.dtype != weight.dtype:
             # autocast computed the output in lower precision: take its
             # gradient in the parameters' precision.
@@ -79,20 +101,31 @@ class FusedLinearFunction(torch.autograd.Function):
         """Whether ``nn.Linear``'s own backward returns argument ``index``'s
         gradient as a view, which the engine cannot add into (it sums out of
         place instead): the weight's (``weight.t()``), the bias's (reduced to
-        its shape) and a batched input's (reshaped back). ``advise`` counts
-        that sum as avoided where this Function's gradient came first."""
-        return index in (1, 2) or (index == 0 and ctx.x_dim != 2)
+        its shape), a batched input's (reshaped back) and a column-major
+        matrix's (transposed back). ``advise`` counts that sum as avoided
+        where this Function's gradient came first."""
+        return index in (1, 2) or (index == 0 and (len(ctx.linear[2]) != 2 or ctx.linear[4]))
 
     @staticmethod
     def backward(ctx, grad_out):
-        return matmul_backward(ctx, grad_out, readable_buffers(ctx, ctx.fuse)[:3], stored_out_in=True)
+        x, weight = ctx.saved_tensors
+        fuse, has_bias, shape, dtype, column_major = ctx.linear
+        if fuse and not _grad_enabled() and not _compiling():
+            buffers = ctx.input_grad_buffers[:3]  # (readable_buffers, inlined: this runs at every call)
+        else:
+            buffers = _NO_BUFFERS
+        needs = ctx.needs_input_grad
+        return (*linear_grads(grad_out, x, weight, (needs[0], needs[1], has_bias and needs[2]), buffers, True,
+                              shape, dtype, column_major), None)
 
 
 class FusedLinear(torch.nn.Linear):
     """``torch.nn.Linear`` with :class:`FusedLinearFunction` as its forward.
 
     ``fuse=False`` (or setting ``.fuse`` later) keeps the Function but never
-    reads the buffers: the same computation, unfused.
+    reads the buffers: the same computation, unfused. Where nothing can
+    receive a gradient (no grad mode, or neither the input nor a parameter
+    requires grad) it is ``nn.Linear``'s ``F.linear``, with no Function.
     """
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, fuse=True):
@@ -100,7 +133,11 @@ class FusedLinear(torch.nn.Linear):
         self.fuse = fuse
 
     def forward(self, x):
-        return FusedLinearFunction.apply(x, self.weight, self.bias, self.fuse)
+        weight, bias = self.weight, self.bias
+        if not _grad_enabled() or not (x.requires_grad or weight.requires_grad
+                                       or (bias is not None and bias.requires_grad)):
+            return F.linear(x, weight, bias)  # no gradient: nothing to fuse
+        return FusedLinearFunction.apply(x, weight, bias, self.fuse)
 
     def extra_repr(self):
         return super().extra_repr() + f", fuse={self.fuse}"

@@ -44,7 +44,11 @@ class FusedLSTMGatesFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight_hh, bias_hh, x, weight_ih, bias_ih, fuse):
         gates = F.linear(h, weight_hh, bias_hh).add_(F.linear(x, weight_ih, bias_ih))
-        ctx.save_for_backward(h, weight_hh, x, weight_ih)
+        # As aten::addmm saves them: an input only where its weight's
+        # gradient needs it.
+        needs = ctx.needs_input_grad
+        ctx.save_for_backward(h if needs[1] else None, weight_hh, x if needs[4] else None, weight_ih)
+        ctx.shapes = (h.shape, h.dtype, x.shape, x.dtype)
         ctx.fuse = fuse
         ctx.has_bias = (bias_hh is not None, bias_ih is not None)
         if gates.dtype != weight_hh.dtype:
@@ -64,10 +68,11 @@ class FusedLSTMGatesFunction(torch.autograd.Function):
         buffers = readable_buffers(ctx, ctx.fuse)
         needs = ctx.needs_input_grad
         # The input's product first: nn.LSTMCell's is created last, so it runs first.
+        h_shape, h_dtype, x_shape, x_dtype = ctx.shapes
         grads_ih = linear_grads(grad_gates, x, weight_ih, (needs[3], needs[4], ctx.has_bias[1] and needs[5]),
-                                buffers[3:6])
+                                buffers[3:6], True, x_shape, x_dtype)
         grads_hh = linear_grads(grad_gates, h, weight_hh, (needs[0], needs[1], ctx.has_bias[0] and needs[2]),
-                                buffers[0:3])
+                                buffers[0:3], True, h_shape, h_dtype)
         return (*grads_hh, *grads_ih, None)
 
 
@@ -76,7 +81,8 @@ class FusedLSTMCell(torch.nn.LSTMCell):
 
     Same ``__init__``, parameters, ``state_dict`` and call signature
     (``cell(input, (h, c))``, batched or not); ``fuse=False`` keeps the
-    Function but never reads the buffers.
+    Function but never reads the buffers. Without grad mode it is
+    ``nn.LSTMCell``'s forward, with no Function.
     """
 
     def __init__(self, *args, fuse=True, **kwargs):
@@ -84,6 +90,8 @@ class FusedLSTMCell(torch.nn.LSTMCell):
         self.fuse = fuse
 
     def forward(self, input, hx=None):
+        if not torch.is_grad_enabled():
+            return super().forward(input, hx)  # no gradient: nothing to fuse
         if input.dim() not in (1, 2):
             raise ValueError(
                 f"FusedLSTMCell: Expected input to be 1D or 2D, got {input.dim()}D instead"
