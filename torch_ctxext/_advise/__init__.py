@@ -90,7 +90,7 @@ def advise(model=None):
     return Advise(model)
 
 
-_FUSE_INPUT = ("FusedLinear", "FusedConv1D")
+_FUSE_INPUT = ("FusedLinear", "FusedConv1D", "FusedGRUCell")  # they also add into their inputs' buffers
 
 # What a backward's slots are called, per model: a training loop repeats one
 # graph, and naming its slots (where each producer was made, its module's
@@ -358,10 +358,10 @@ class Advise:
                 producers.append(ProducerAdvice(op))
                 continue
             path, module, call = where
-            key = (id(module), type(module), leaf_key)  # fuse() may change a class mid-block
+            key = (id(module), type(module), leaf_key, op)  # fuse() may change a class mid-block
             fusing = fusings.get(key)
             if fusing is None:
-                fusing = fusings[key] = self._drop_in(module, slot, is_parameter)
+                fusing = fusings[key] = self._drop_in(module, slot, is_parameter, op)
             label = labels.get((path, call))
             if label is None:
                 label = labels[path, call] = calls.path_name(path) + (f"#{call}" if call else "")
@@ -380,18 +380,24 @@ class Advise:
             op += f" in {self._calls.path_name(path)}" + (f"#{call}" if call else "")
         return SlotAdvice(op, "activation", producers, slot.grad_bytes or 0), wheres
 
-    def _drop_in(self, module, slot, is_parameter):
+    def _drop_in(self, module, slot, is_parameter, op):
         """(drop-in name or None, stock class name, residual bytes) of one
-        producer's module for the slot: the same for every call of the module
-        and every backward of a block, so worked out once per block."""
+        producer (its node's name ``op``) of a module for the slot: the same
+        for every call of the module and every backward of a block, so
+        worked out once per block."""
         from ..nn.fuse import drop_in_for
 
         drop_in = drop_in_for(module)
         if drop_in is not None:
-            owned = slot.leaf is not None and self._names.owned_by(slot.leaf, module)
-            # FusedLinear and FusedConv1D also add into their input's
-            # buffer; the others fuse their own parameters only.
+            owned = slot.leaf is not None and self._names.owned_by(slot.leaf, module, getattr(drop_in, "fuses_submodules", False))
+            # FusedLinear, FusedConv1D and FusedGRUCell also add into their
+            # input's buffer; the others fuse their own parameters only.
             if not owned and not (drop_in.__name__ in _FUSE_INPUT and not is_parameter):
+                drop_in = None
+            # A drop-in made of several ops replaces some of them only (a
+            # cell's products, not its gates' arithmetic): those it names.
+            stock_ops = getattr(drop_in, "stock_ops", None)
+            if stock_ops is not None and op not in stock_ops:
                 drop_in = None
         return drop_in.__name__ if drop_in else None, type(module).__name__, _residual(module)
 

@@ -309,5 +309,10 @@ class ParameterNames:
     def tied(self, tensor):
         return self.names.get(id(tensor), [])[1:]
 
-    def owned_by(self, tensor, module):
-        return any(m is module for m in self.owners.get(id(tensor), []))
+    def owned_by(self, tensor, module, below=False):
+        """Whether ``module`` holds ``tensor`` directly (``below``: or one
+        of its submodules does)."""
+        owners = self.owners.get(id(tensor), [])
+        if any(m is module for m in owners):
+            return True
+        return below and any(m is sub for sub in module.modules() for m in owners)

@@ -10,7 +10,8 @@ gradient elsewhere:
   :class:`FusedLinearFunction`);
 * :class:`FusedEmbedding` for ``nn.Embedding``, e.g. a token embedding tied to
   the output projection (:class:`FusedEmbeddingFunction`);
-* :class:`FusedLSTMCell` for ``nn.LSTMCell`` unrolled over time;
+* :class:`FusedLSTMCell` for ``nn.LSTMCell`` unrolled over time, and
+  :class:`FusedGRUCell` for ``nn.GRUCell``;
 * ``FusedConv1D`` for ``transformers``' ``Conv1D`` (GPT-2's layers; its
   Function: :class:`FusedConv1DFunction`), made from the installed
   ``transformers`` on first use: this package never imports it.
@@ -20,6 +21,7 @@ gradient elsewhere:
 """
 from .conv1d import FusedConv1DFunction
 from .embedding import FusedEmbedding, FusedEmbeddingFunction
+from .gru import FusedGRUCell, FusedGRUGatesFunction
 from .fuse import DROP_INS, drop_in_for, fuse
 from .linear import FusedLinear, FusedLinearFunction
 from .rnn import FusedLSTMCell, FusedLSTMGatesFunction
@@ -29,6 +31,8 @@ __all__ = [
     "FusedConv1DFunction",
     "FusedEmbedding",
     "FusedEmbeddingFunction",
+    "FusedGRUCell",
+    "FusedGRUGatesFunction",
     "FusedLSTMCell",
     "FusedLSTMGatesFunction",
     "FusedLinear",

@@ -3,6 +3,7 @@ import torch
 
 from .conv1d import conv1d_drop_in, is_conv1d
 from .embedding import FusedEmbedding
+from .gru import FusedGRUCell
 from .linear import FusedLinear
 from .rnn import FusedLSTMCell
 
@@ -14,6 +15,7 @@ DROP_INS = {
     torch.nn.Linear: FusedLinear,
     torch.nn.Embedding: FusedEmbedding,
     torch.nn.LSTMCell: FusedLSTMCell,
+    torch.nn.GRUCell: FusedGRUCell,
 }
 
 
