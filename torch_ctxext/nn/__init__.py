@@ -12,6 +12,9 @@ gradient elsewhere:
   the output projection (:class:`FusedEmbeddingFunction`);
 * :class:`FusedLSTMCell` for ``nn.LSTMCell`` unrolled over time, and
   :class:`FusedGRUCell` for ``nn.GRUCell``;
+* :class:`FusedMultiheadAttention` for ``nn.MultiheadAttention`` (its
+  projections, as ``nn.TransformerEncoderLayer`` and ``nn.Transformer`` use
+  it; :class:`FusedProjectionFunction`);
 * ``FusedConv1D`` for ``transformers``' ``Conv1D`` (GPT-2's layers; its
   Function: :class:`FusedConv1DFunction`), made from the installed
   ``transformers`` on first use: this package never imports it.
@@ -19,6 +22,7 @@ gradient elsewhere:
 :func:`fuse` swaps them in for a whole model, in place;
 ``torch_ctxext.advise(model)`` says where that pays and how much.
 """
+from .attention import FusedMultiheadAttention, FusedProjectionFunction
 from .conv1d import FusedConv1DFunction
 from .embedding import FusedEmbedding, FusedEmbeddingFunction
 from .gru import FusedGRUCell, FusedGRUGatesFunction
@@ -37,6 +41,8 @@ __all__ = [
     "FusedLSTMGatesFunction",
     "FusedLinear",
     "FusedLinearFunction",
+    "FusedMultiheadAttention",
+    "FusedProjectionFunction",
     "drop_in_for",
     "fuse",
 ]

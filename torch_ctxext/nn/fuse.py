@@ -3,6 +3,7 @@ import torch
 
 from .conv1d import conv1d_drop_in, is_conv1d
 from .embedding import FusedEmbedding
+from .attention import FusedMultiheadAttention
 from .gru import FusedGRUCell
 from .linear import FusedLinear
 from .rnn import FusedLSTMCell
@@ -16,6 +17,7 @@ DROP_INS = {
     torch.nn.Embedding: FusedEmbedding,
     torch.nn.LSTMCell: FusedLSTMCell,
     torch.nn.GRUCell: FusedGRUCell,
+    torch.nn.MultiheadAttention: FusedMultiheadAttention,
 }
 
 
