@@ -306,6 +306,14 @@ class ParameterNames:
         names = self.names.get(id(tensor))
         return names[0] if names else None
 
+    def attribute(self, tensor, module_path):
+        """``tensor`` as the forward of the module at ``module_path`` reads
+        it: ``self.embed.weight`` (its first name under that module)."""
+        names = self.names.get(id(tensor), [])
+        prefix = f"{module_path}." if module_path else ""
+        name = next((n for n in names if n.startswith(prefix)), names[0] if names else "?")
+        return "self." + (name[len(prefix):] if name.startswith(prefix) else name)
+
     def tied(self, tensor):
         return self.names.get(id(tensor), [])[1:]
 

@@ -19,14 +19,17 @@ gradient elsewhere:
   Function: :class:`FusedConv1DFunction`), made from the installed
   ``transformers`` on first use: this package never imports it.
 
-:func:`fuse` swaps them in for a whole model, in place;
+:func:`fuse` swaps them in for a whole model, in place (a subclass of a
+stock module too, keeping its forward); :func:`torch_ctxext.nn.functional.linear`
+is ``F.linear`` for a weight applied outside its module;
 ``torch_ctxext.advise(model)`` says where that pays and how much.
 """
+from . import functional
 from .attention import FusedMultiheadAttention, FusedProjectionFunction
 from .conv1d import FusedConv1DFunction
 from .embedding import FusedEmbedding, FusedEmbeddingFunction
 from .gru import FusedGRUCell, FusedGRUGatesFunction
-from .fuse import DROP_INS, drop_in_for, fuse
+from .fuse import DROP_INS, drop_in_for, fuse, why_not
 from .linear import FusedLinear, FusedLinearFunction
 from .rnn import FusedLSTMCell, FusedLSTMGatesFunction
 
@@ -44,7 +47,9 @@ __all__ = [
     "FusedMultiheadAttention",
     "FusedProjectionFunction",
     "drop_in_for",
+    "functional",
     "fuse",
+    "why_not",
 ]
 
 
