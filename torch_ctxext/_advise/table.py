@@ -88,9 +88,12 @@ def _without_drop_in(slots):
 
 
 # Module classes no drop-in can exist for, and why (the report says so in
-# one line, with the temporaries their gradients cost).
+# one line, with the temporaries their gradients cost): torch's convolution
+# backward (on the CPU, mkldnn's and the slow path's) returns a new weight
+# gradient and has no form that adds into an existing one, so a drop-in
+# would allocate the same temporary.
 NO_DROP_IN = {
-    name: "no drop-in can exist (torch's convolution backward cannot add into a buffer)"
+    name: "no drop-in can exist: its backward cannot add into a buffer"
     for name in ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d")
 }
 
@@ -260,7 +263,7 @@ def render(report, width=100):
         lines += ["", "cannot be fused:"]
         for cls, nbytes in cannot:
             why = NO_DROP_IN.get(cls) or report.cannot_swap[cls]
-            text = f"{cls}: {fmt_bytes(nbytes)} of temporaries stay; {why}"
+            text = f"{cls}: {fmt_bytes(nbytes)} of temporaries; {why}"
             lines += textwrap.wrap(text, width=width or 10 ** 6, initial_indent="  ", subsequent_indent="    ")
     if report.functions:
         lines += ["", "custom Functions that read ctx.input_grad_buffers:"]

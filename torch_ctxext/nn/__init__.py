@@ -29,7 +29,7 @@ from .attention import FusedMultiheadAttention, FusedProjectionFunction
 from .conv1d import FusedConv1DFunction
 from .embedding import FusedEmbedding, FusedEmbeddingFunction
 from .gru import FusedGRUCell, FusedGRUGatesFunction
-from .fuse import DROP_INS, drop_in_for, fuse, why_not
+from .fuse import DROP_INS, drop_in_for, fuse, subclass_drop_in, why_not
 from .linear import FusedLinear, FusedLinearFunction
 from .rnn import FusedLSTMCell, FusedLSTMGatesFunction
 
@@ -49,6 +49,7 @@ __all__ = [
     "drop_in_for",
     "functional",
     "fuse",
+    "subclass_drop_in",
     "why_not",
 ]
 
