@@ -152,22 +152,26 @@ def _tensor(slot, lead, width):
         return [one]
     room = width - len(lead)
     # The row's own name whole (what report[name] takes); the tied names
-    # share what room is left, each shortened in the middle.
-    name = slot.name if len(slot.name) <= room else shorten(slot.name, room)
-    if tied:
-        name += _tied(slot.tied, room - len(name))
-    return [lead + name, " " * len(lead) + _cut(producers, room)]
+    # share what room is left, each shortened in the middle. A name longer
+    # than the room after the figures has a line of its own under them.
+    if len(slot.name) <= room:
+        return [lead + slot.name + _tied(slot.tied, room - len(slot.name)),
+                " " * len(lead) + _cut(producers, room)]
+    indent = "    "
+    return [lead + _cut(producers, room),
+            indent + slot.name + _tied(slot.tied, width - len(indent) - len(slot.name))]
 
 
 def _tied(names, room):
     """`` (tied: a, b)`` in at most ``room`` columns: each name shortened in
-    the middle, the last ones left out (``+ 2 more``) where even that does
-    not fit; "" where nothing fits."""
+    the middle (to no less than 24 characters while several are shown), the
+    last ones left out (``+ 2 more``) where even that does not fit; "" where
+    nothing fits."""
     for shown in range(len(names), 0, -1):
         more = f", + {len(names) - shown} more" if shown < len(names) else ""
         fixed = len(" (tied: ") + len(more) + 1 + 2 * (shown - 1)
         each = (room - fixed) // shown
-        if each >= 8 or all(len(n) <= each for n in names[:shown]):
+        if each >= (24 if shown > 1 else 8) or all(len(n) <= each for n in names[:shown]):
             return f" (tied: {', '.join(shorten(n, each) for n in names[:shown])}{more})"
     return ""
 
@@ -246,7 +250,10 @@ def render(report, width=100):
         limit = len(ranked) if width is None else MAX_ROWS // 2
         for d in ranked[:limit]:
             tail = f": {d.stock} -> torch_ctxext.nn.{d.drop_in}, saves {fmt_bytes(d.avoidable_bytes)}"
-            lines.append("  " + shorten(d.module, None if width is None else width - 2 - len(tail)) + tail)
+            if width is None or 2 + len(d.module) + len(tail) <= width:
+                lines.append("  " + d.module + tail)
+            else:  # the module's path whole (what to look for), the rest under it
+                lines += ["  " + d.module + ":", "    " + tail[2:]]
         if len(ranked) > limit:
             rest = ranked[limit:]
             lines.append(f"  ... and {count(len(rest), 'module')} more, "
