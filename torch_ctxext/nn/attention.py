@@ -80,7 +80,7 @@ class FusedMultiheadAttention(torch.nn.MultiheadAttention):
     # advise: the parameters this drop-in fuses include its out_proj's, and
     # of the nodes nn.MultiheadAttention makes it replaces the products'.
     fuses_submodules = True
-    stock_ops = ("TBackward0", "AddmmBackward0", "MmBackward0", "AddBackward0", "SumBackward1")
+    stock_ops = ("TBackward0", "AddmmBackward0", "MmBackward0", "AddBackward0")
 
     def __init__(self, *args, fuse=True, **kwargs):
         super().__init__(*args, **kwargs)
