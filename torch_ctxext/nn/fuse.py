@@ -58,9 +58,19 @@ def _calls_super_forward(function):
     return code is not None and "super" in code.co_names and "forward" in code.co_names
 
 
+_reasons = {}  # class -> _why_not_subclass's answer (advise asks once per module per block)
+
+
 def _why_not_subclass(cls):
     """Why a subclass of a stock module gets no drop-in (None: it gets
     one; "": it is no such subclass)."""
+    key = (cls, len(DROP_INS))
+    if key not in _reasons:
+        _reasons[key] = _subclass_reason(cls)
+    return _reasons[key]
+
+
+def _subclass_reason(cls):
     stock = _stock_base(cls)
     if stock is None or any(issubclass(cls, d) for d in DROP_INS.values()):
         return ""
