@@ -158,8 +158,32 @@ def _tensor(slot, lead, width):
         return [lead + slot.name + _tied(slot.tied, room - len(slot.name)),
                 " " * len(lead) + _cut(producers, room)]
     indent = "    "
-    return [lead + _cut(producers, room),
-            indent + slot.name + _tied(slot.tied, width - len(indent) - len(slot.name))]
+    if len(indent) + len(slot.name) <= width:
+        return [lead + _cut(producers, room),
+                indent + slot.name + _tied(slot.tied, width - len(indent) - len(slot.name))]
+    return [lead + _cut(producers, room)] + _wrap_name(slot.name, width, indent)
+
+
+def _wrap_name(name, width, indent):
+    """``name`` whole on lines of at most ``width`` columns, broken after a
+    "." or a space (anywhere where a part has neither), continued two
+    columns further in."""
+    lines, line, prefix = [], "", indent
+    for part in re.findall(r"[^. ]*[. ]?", name):
+        if not part:
+            continue
+        while len(prefix) + len(line) + len(part) > width and (line or len(prefix) + len(part) > width):
+            if line:
+                lines.append(prefix + line)
+                line, prefix = "", indent + "  "
+            else:  # one part longer than a line
+                room = width - len(prefix)
+                lines.append(prefix + part[:room])
+                part, prefix = part[room:], indent + "  "
+        line += part
+    if line:
+        lines.append(prefix + line)
+    return lines
 
 
 def _tied(names, room):
