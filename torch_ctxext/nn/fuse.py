@@ -130,8 +130,9 @@ def subclass_drop_in(cls):
 
 
 def fuse(model):
-    """Swap, in place, every ``nn.Linear``, ``nn.Embedding``, ``nn.LSTMCell``
-    and ``transformers``' ``Conv1D`` of ``model`` (``model`` itself included) for its drop-in from
+    """Swap, in place, every ``nn.Linear``, ``nn.Embedding``, ``nn.LSTMCell``,
+    ``nn.GRUCell``, ``nn.MultiheadAttention`` and ``transformers``'
+    ``Conv1D`` of ``model`` (``model`` itself included) for its drop-in from
     ``torch_ctxext.nn``; returns ``model``.
 
     The modules stay the same objects with the same parameters (tied ones
@@ -139,7 +140,7 @@ def fuse(model):
     to a subclass whose forward adds gradients into
     ``ctx.input_grad_buffers`` where the engine exposes one
     (:class:`FusedLinear`, :class:`FusedEmbedding`, :class:`FusedLSTMCell`,
-    ``FusedConv1D``).
+    :class:`FusedGRUCell`, :class:`FusedMultiheadAttention`, ``FusedConv1D``).
     Call it before wrapping the model (``DistributedDataParallel``,
     ``fully_shard``, ``torch.compile``). A subclass of a stock module whose
     forward calls ``super().forward`` gets a class of both
