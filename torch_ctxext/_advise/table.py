@@ -111,6 +111,16 @@ def _left(report, slots):
     return left.most_common()
 
 
+def _drop_in_name(name):
+    """``torch_ctxext.nn.FusedLinear``; a class fuse() makes for a subclass
+    (``FusedScaledEmbedding``) is not in the package: named as made."""
+    from .. import nn
+
+    if name in nn.__all__ or name == "FusedConv1D":
+        return f"torch_ctxext.nn.{name}"
+    return f"{name} (made by fuse)"
+
+
 def _do_this(report, slots):
     drop_ins = report.drop_ins.values()
     if report.avoidable_bytes:
@@ -273,7 +283,7 @@ def render(report, width=100):
         lines += ["", "drop-ins (torch_ctxext.nn.fuse(model) swaps them all in):"]
         limit = len(ranked) if width is None else MAX_ROWS // 2
         for d in ranked[:limit]:
-            tail = f": {d.stock} -> torch_ctxext.nn.{d.drop_in}, saves {fmt_bytes(d.avoidable_bytes)}"
+            tail = f": {d.stock} -> {_drop_in_name(d.drop_in)}, saves {fmt_bytes(d.avoidable_bytes)}"
             if width is None or 2 + len(d.module) + len(tail) <= width:
                 lines.append("  " + d.module + tail)
             else:  # the module's path whole (what to look for), the rest under it
