@@ -163,6 +163,54 @@ def test_the_report_names_the_module_and_attribute_of_a_tied_head_through_f_line
     assert route.avoidable_bytes == report.route_bytes
 
 
+class TiedAutoencoder(torch.nn.Module):
+    """A decoder that is the encoder's weight transposed: ``F.linear(z, self.encoder.weight.t())``."""
+
+    def __init__(self, routed=False):
+        super().__init__()
+        self.encoder = torch.nn.Linear(DIM, 8)
+        self.routed = routed
+
+    def forward(self, x):
+        z = torch.tanh(self.encoder(x))
+        return (fused_linear if self.routed else F.linear)(z, self.encoder.weight.t())
+
+
+def autoencoder(routed=False):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    return Workload("autoencoder", TiedAutoencoder(routed), (torch.randn(16, DIM, generator=gen),),
+                    lambda m, x: (m(x) - x).pow(2).mean())
+
+
+def test_a_tied_autoencoders_transposed_decoder_routed_allocates_exactly_the_promise_less():
+    """functional.linear applies a weight passed as ``.t()`` as the weight
+    itself (no view between it and its gradient): the same output and
+    gradients as F.linear, and the route the report names saves what it says."""
+    stock, routed = autoencoder(), autoencoder(routed=True)
+    assert torch.equal(stock.loss(), routed.loss())
+    stock.loss().backward()
+    routed.loss().backward()
+    torch.testing.assert_close(routed.model.encoder.weight.grad, stock.model.encoder.weight.grad)
+    report = report_of(autoencoder())
+    (route,) = report.routes.values()
+    assert (route.module, route.attribute) == ("TiedAutoencoder", "self.encoder.weight")
+    fused = autoencoder(routed=True)
+    fuse(fused.model)
+    assert allocated(autoencoder()) - allocated(fused) == report.avoidable_bytes + report.route_bytes > 0
+
+
+def test_fused_transposed_linear_function_passes_check_function():
+    from torch_ctxext.nn.functional import FusedTransposedLinearFunction
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 3, 4, generator=gen, requires_grad=True)
+    w = torch.randn(4, 6, generator=gen, requires_grad=True)
+    b = torch.randn(6, generator=gen, requires_grad=True)
+    report = torch_ctxext.testing.check_function(FusedTransposedLinearFunction, x, w, b, True)
+    assert report.passed, str(report)
+
+
 # --- no drop-in can exist -------------------------------------------------------------
 
 
