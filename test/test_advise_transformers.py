@@ -216,8 +216,11 @@ def test_the_report_reads_at_a_glance(name, fused):
         folded = " ".join(line.strip() for line in text.split(f"+ {len(nothing)} tensor", 1)[1].split("\n\n")[0]
                           .splitlines())
         classes = {p.stock for s in nothing for p in s.producers if p.stock and not p.drop_in
-                   and not p.stock.startswith("Fused")}
+                   and not p.route and not p.stock.startswith("Fused")}
         for cls in classes:
             assert cls in folded
+    # A module that applies another's weight through F.linear is named as a route, with the attribute.
+    for route in report.routes.values():
+        assert f"{route.module}.forward: F.linear(..., {route.attribute})" in " ".join(text.split())
     # Nothing says "-" for a module without a drop-in: it is named.
     assert "Conv1D" not in " ".join(line for line in text.splitlines() if "no drop-in for" in line)

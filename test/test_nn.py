@@ -162,7 +162,17 @@ def test_fused_lstm_cell_rejects_input_of_the_wrong_rank():
 
 
 class Custom(torch.nn.Linear):
-    """A subclass may have its own forward: fuse() leaves it alone."""
+    """A subclass whose forward replaces the stock one: fuse() leaves it alone."""
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+class Scaled(torch.nn.Linear):
+    """A subclass whose forward calls the stock one: fuse() keeps it, below the drop-in."""
+
+    def forward(self, x):
+        return super().forward(x) * 2
 
 
 def model_with_everything():
@@ -173,6 +183,7 @@ def model_with_everything():
         "cell": torch.nn.LSTMCell(4, 4),
         "head": torch.nn.Linear(4, 6, bias=False),
         "custom": Custom(4, 4),
+        "scaled": Scaled(4, 4),
         "norm": torch.nn.LayerNorm(4),
     })
     model["head"].weight = model["embedding"].weight
@@ -187,7 +198,9 @@ def test_fuse_swaps_each_stock_module_in_place_keeping_its_parameters_and_state_
     assert fuse(model) is model
     assert {n: type(m) for n, m in model.named_children()} == {
         "embedding": FusedEmbedding, "sparse": torch.nn.Embedding, "cell": FusedLSTMCell,
-        "head": FusedLinear, "custom": Custom, "norm": torch.nn.LayerNorm}
+        "head": FusedLinear, "custom": Custom, "scaled": torch_ctxext.nn.subclass_drop_in(Scaled),
+        "norm": torch.nn.LayerNorm}
+    assert isinstance(model["scaled"], Scaled) and isinstance(model["scaled"], FusedLinear)
     assert all(modules[n] is m for n, m in model.named_children())
     assert all(parameters[n] is p for n, p in model.named_parameters(remove_duplicate=False))
     assert model["head"].weight is model["embedding"].weight

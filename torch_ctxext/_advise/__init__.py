@@ -17,6 +17,7 @@ Works on torch 2.6 to 2.14 with torch_ctxext and on native 2.15, on the CPU
 and on any device; the observation changes no result (the gradients are
 bitwise those of the step without it) and no buffer the engine exposes.
 """
+import dataclasses
 import threading
 import weakref
 
@@ -90,7 +91,10 @@ def advise(model=None):
     return Advise(model)
 
 
-_FUSE_INPUT = ("FusedLinear", "FusedConv1D")
+# The node that hands a parameter its gradient where a forward applies it
+# through F.linear (or a product with its transpose): weight.t()'s.
+_ROUTED_OPS = ("TBackward0",)
+_FUSE_INPUT = ("FusedLinear", "FusedConv1D", "FusedGRUCell")  # they also add into their inputs' buffers
 
 # What a backward's slots are called, per model: a training loop repeats one
 # graph, and naming its slots (where each producer was made, its module's
@@ -258,7 +262,28 @@ class Advise:
                     by_module[key] = by_module.get(key, 0) + nbytes
             for (path, stock, drop_in), nbytes in by_module.items():
                 self.report.add_saving(path_name(path), stock, drop_in, name, nbytes)
+            if any(p.route for p in producers):
+                self._add_routes(advice, slot, modules, record.create_graph)
             self.report.add_slot(advice)
+
+    def _add_routes(self, advice, slot, modules, create_graph):
+        """What the slot would save beyond fuse(model) with its producers
+        that apply a parameter through F.linear routed through
+        torch_ctxext.nn.functional.linear (a drop-in of their own), filed
+        under the first of them."""
+        # A module fused already adds into the buffer the route exposes.
+        routed = [dataclasses.replace(p, drop_in=p.stock if p.stock.startswith("Fused") else "linear")
+                  if not p.drop_in and (p.route or (p.stock or "").startswith("Fused")) else p
+                  for p in advice.producers]
+        scratch = SlotAdvice(advice.name, advice.kind, routed, advice.grad_bytes)
+        extra = sum(b for _, b in account(scratch, slot.arrivals, slot.out_of_place, create_graph))
+        extra -= advice.avoidable_bytes
+        index = next(i for i, p in enumerate(advice.producers) if p.route)
+        where = modules[index]
+        if where is not None:
+            path, stock, _ = where
+            self.report.add_route(self._calls.path_name(path), stock, advice.producers[index].route,
+                                  advice.name, max(extra, 0))
 
     def _described(self, record, ordered):
         """``_describe_all``'s answer for these slots: the one made for a
@@ -339,6 +364,12 @@ class Advise:
 
             drop_in = drop_in_for(module)
             found = self._modules[key] = (type(module), drop_in, _residual(module))
+            if drop_in is None:
+                from ..nn.fuse import why_not
+
+                reason = why_not(module)
+                if reason:
+                    self.report.cannot_swap.setdefault(type(module).__name__, reason)
         return found
 
     def _attribute(self, slots):
@@ -381,10 +412,10 @@ class Advise:
                 producers.append(ProducerAdvice(op))
                 continue
             path, module, call = where
-            key = (id(module), type(module), leaf_key)  # fuse() may change a class mid-block
+            key = (id(module), type(module), leaf_key, op)  # fuse() may change a class mid-block
             fusing = fusings.get(key)
             if fusing is None:
-                fusing = fusings[key] = self._drop_in(module, slot, is_parameter)
+                fusing = fusings[key] = self._drop_in(module, slot, is_parameter, op)
             label = labels.get((path, call))
             if label is None:
                 label = labels[path, call] = calls.path_name(path) + (f"#{call}" if call else "")
@@ -403,20 +434,30 @@ class Advise:
             op += f" in {self._calls.path_name(path)}" + (f"#{call}" if call else "")
         return SlotAdvice(op, "activation", producers, slot.grad_bytes or 0), wheres
 
-    def _drop_in(self, module, slot, is_parameter):
+    def _drop_in(self, module, slot, is_parameter, op):
         """(drop-in name or None, stock class name, residual bytes) of one
-        producer's module for the slot: the same for every call of the module
-        and every backward of a block, so worked out once per block."""
+        producer (its node's name ``op``) of a module for the slot: the same
+        for every call of the module and every backward of a block, so
+        worked out once per block."""
         from ..nn.fuse import drop_in_for
 
         drop_in = drop_in_for(module)
         if drop_in is not None:
-            owned = slot.leaf is not None and self._names.owned_by(slot.leaf, module)
-            # FusedLinear and FusedConv1D also add into their input's
-            # buffer; the others fuse their own parameters only.
-            if not owned and not (drop_in.__name__ in _FUSE_INPUT and not is_parameter):
+            owned = slot.leaf is not None and self._names.owned_by(slot.leaf, module, getattr(drop_in, "fuses_submodules", False))
+            # FusedLinear, FusedConv1D and FusedGRUCell also add into their
+            # input's buffer; the others fuse their own parameters only.
+            fuses_input = any(klass.__name__ in _FUSE_INPUT for klass in drop_in.__mro__)
+            if not owned and not (fuses_input and not is_parameter):
                 drop_in = None
-        return drop_in.__name__ if drop_in else None, type(module).__name__, _residual(module)
+            # A drop-in made of several ops replaces some of them only (a
+            # cell's products, not its gates' arithmetic): those it names.
+            stock_ops = getattr(drop_in, "stock_ops", None)
+            if stock_ops is not None and op not in stock_ops:
+                drop_in = None
+        route = None
+        if drop_in is None and is_parameter and op in _ROUTED_OPS and not self._names.owned_by(slot.leaf, module):
+            route = self._names.attribute(slot.leaf, self._calls.paths.get(id(module), ""))
+        return drop_in.__name__ if drop_in else None, type(module).__name__, _residual(module), route
 
     def _is_parameter(self, slot):
         return slot.leaf is not None and self._names is not None and self._names.name(slot.leaf) is not None

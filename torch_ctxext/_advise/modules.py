@@ -306,8 +306,21 @@ class ParameterNames:
         names = self.names.get(id(tensor))
         return names[0] if names else None
 
+    def attribute(self, tensor, module_path):
+        """``tensor`` as the forward of the module at ``module_path`` reads
+        it: ``self.embed.weight`` (its first name under that module)."""
+        names = self.names.get(id(tensor), [])
+        prefix = f"{module_path}." if module_path else ""
+        name = next((n for n in names if n.startswith(prefix)), names[0] if names else "?")
+        return "self." + (name[len(prefix):] if name.startswith(prefix) else name)
+
     def tied(self, tensor):
         return self.names.get(id(tensor), [])[1:]
 
-    def owned_by(self, tensor, module):
-        return any(m is module for m in self.owners.get(id(tensor), []))
+    def owned_by(self, tensor, module, below=False):
+        """Whether ``module`` holds ``tensor`` directly (``below``: or one
+        of its submodules does)."""
+        owners = self.owners.get(id(tensor), [])
+        if any(m is module for m in owners):
+            return True
+        return below and any(m is sub for sub in module.modules() for m in owners)

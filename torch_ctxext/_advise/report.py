@@ -5,7 +5,7 @@ from .._explain import FunctionBufferStats
 from .graph import FUSED, GRADIENT, NOTHING
 from .table import natural, render
 
-__all__ = ["AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice", "DropInAdvice", "account"]
+__all__ = ["AdviceReport", "SlotAdvice", "ProducerAdvice", "FunctionAdvice", "DropInAdvice", "RouteAdvice", "account"]
 
 
 # No __dict__ (one is made per producer of a backward that is described) and
@@ -25,10 +25,14 @@ class ProducerAdvice:
     drop_in: str | None = None
     stock: str | None = None  # the module's class
     residual: int = 0  # bytes the drop-in's fused path still allocates at each add
+    # The attribute, relative to the module, of a parameter the module's own
+    # forward applies through F.linear (not its own: no drop-in can fuse it,
+    # torch_ctxext.nn.functional.linear can), else None.
+    route: str | None = None
 
     def as_dict(self):
         return {"op": self.op, "module": self.module, "stock": self.stock, "drop_in": self.drop_in,
-                "residual_bytes": self.residual}
+                "residual_bytes": self.residual, "route": self.route}
 
 
 _ORIGINS_KEPT = 8  # SlotAdvice.origins
@@ -208,6 +212,26 @@ def account(slot, arrivals, out_of_place, create_graph):
     return savings
 
 
+@dataclass
+class RouteAdvice:
+    """A module whose forward applies another module's parameter through
+    ``F.linear``: the line of code to change (``attribute``: the parameter
+    as that forward reads it, ``self.embed.weight``), and what
+    ``torch_ctxext.nn.functional.linear`` there would save, with
+    ``fuse(model)`` (the two together, beyond what ``fuse`` alone saves)."""
+
+    module: str
+    stock: str
+    attribute: str
+    avoidable_bytes: int = 0
+    slots: list = field(default_factory=list)
+
+    def as_dict(self):
+        return {"module": self.module, "stock": self.stock, "attribute": self.attribute,
+                "route": "torch_ctxext.nn.functional.linear", "avoidable_bytes": self.avoidable_bytes,
+                "slots": list(self.slots)}
+
+
 class AdviceReport:
     """What ``with torch_ctxext.advise(model) as report:`` saw.
 
@@ -231,6 +255,11 @@ class AdviceReport:
         self._slots = {}
         self.functions = {}
         self.drop_ins = {}
+        self.routes = {}  # (module path, attribute) -> RouteAdvice
+        # Class name -> why fuse() leaves its modules as they are (a subclass
+        # whose forward replaces the stock one, ...), for those that made a
+        # gradient of a tensor that received several.
+        self.cannot_swap = {}
         self.notes = []
 
     @property
@@ -277,6 +306,20 @@ class AdviceReport:
         if slot_name not in advice.slots:
             advice.slots.append(slot_name)
 
+    def add_route(self, path, stock, attribute, slot_name, nbytes):
+        advice = self.routes.get((path, attribute))
+        if advice is None:
+            advice = self.routes[path, attribute] = RouteAdvice(path, stock, attribute)
+        advice.avoidable_bytes += nbytes
+        if slot_name not in advice.slots:
+            advice.slots.append(slot_name)
+
+    @property
+    def route_bytes(self):
+        """What the routes (torch_ctxext.nn.functional.linear in the code)
+        would save beyond ``fuse(model)``."""
+        return sum(r.avoidable_bytes for r in self.routes.values())
+
     def function(self, name):
         if name not in self.functions:
             self.functions[name] = FunctionAdvice(name)
@@ -296,12 +339,18 @@ class AdviceReport:
             "avoidable_bytes": self.avoidable_bytes,
             "avoidable_peak_bytes": self.avoidable_peak_bytes,
             "drop_ins": [d.as_dict() for d in self._drop_ins_sorted()],
+            "routes": [r.as_dict() for r in self._routes_sorted()],
+            "route_bytes": self.route_bytes,
+            "cannot_swap": dict(self.cannot_swap),
             "functions": {name: f.as_dict() for name, f in sorted(self.functions.items())},
             "notes": list(self.notes),
         }
 
     def _drop_ins_sorted(self):
         return sorted(self.drop_ins.values(), key=lambda d: (-d.avoidable_bytes, d.module))
+
+    def _routes_sorted(self):
+        return sorted(self.routes.values(), key=lambda r: (-r.avoidable_bytes, r.module, r.attribute))
 
     def table(self, width=100):
         """The report as text, lines cut at ``width`` columns (None: not cut)."""

@@ -82,22 +82,60 @@ def _without_drop_in(slots):
     classes = collections.Counter()
     for s in slots:
         for p in s.producers:
-            if p.stock and not p.drop_in and not p.stock.startswith("Fused"):
+            if p.stock and not p.drop_in and not p.route and not p.stock.startswith("Fused"):
                 classes[p.stock] += 1
     return [name for name, _ in classes.most_common()]
 
 
-def _do_this(report):
+# Module classes no drop-in can exist for, and why (the report says so in
+# one line, with the temporaries their gradients cost): torch's convolution
+# backward (on the CPU, mkldnn's and the slow path's) returns a new weight
+# gradient and has no form that adds into an existing one, so a drop-in
+# would allocate the same temporary.
+NO_DROP_IN = {
+    name: "no drop-in can exist: its backward cannot add into a buffer"
+    for name in ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d")
+}
+
+
+def _left(report, slots):
+    """The module classes whose gradients still cost temporaries and that
+    fuse() does not swap, with those temporaries' bytes, the most first."""
+    left = collections.Counter()
+    for s in slots:
+        if not s.temporary_bytes:
+            continue
+        for cls in dict.fromkeys(p.stock for p in s.producers
+                                 if p.stock and not p.drop_in and not p.route and not p.stock.startswith("Fused")):
+            left[cls] += s.temporary_bytes
+    return left.most_common()
+
+
+def _drop_in_name(name):
+    """``torch_ctxext.nn.FusedLinear``; a class fuse() makes for a subclass
+    (``FusedScaledEmbedding``) is not in the package: named as made."""
+    from .. import nn
+
+    if name in nn.__all__ or name == "FusedConv1D":
+        return f"torch_ctxext.nn.{name}"
+    return f"{name} (made by fuse)"
+
+
+def _do_this(report, slots):
     drop_ins = report.drop_ins.values()
     if report.avoidable_bytes:
         kinds = collections.Counter(d.drop_in for d in drop_ins if d.avoidable_bytes)
         what = ", ".join(f"{n} x {name}" for name, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
         return (f"do this: torch_ctxext.nn.fuse(model) saves {_per_step(report, report.avoidable_bytes)}"
                 + (f": {what}" if what else ""))
+    if report.route_bytes:
+        return (f"do this: torch_ctxext.nn.functional.linear where the routes below say saves "
+                f"{_per_step(report, report.route_bytes)}")
+    left = _left(report, slots)
+    named = f"no drop-in for {', '.join(cls for cls, _ in left)}" if left else "nothing more to swap"
     if report.avoided_bytes:
-        return (f"fused: the drop-ins avoided {_per_step(report, report.avoided_bytes)}; "
-                "nothing more to swap")
-    return "nothing to do: no drop-in would save anything in this step"
+        return f"fused: the drop-ins avoided {_per_step(report, report.avoided_bytes)}; {named}"
+    return f"nothing to do: {named}" if left else "nothing to do: no drop-in would save anything in this step"
 
 
 def _per_step(report, nbytes):
@@ -117,13 +155,59 @@ def _tensor(slot, lead, width):
     """``name (tied: ...) <- producers`` after ``lead``: on one line where it
     fits in ``width`` columns, else the producers on a line of their own
     under the name, each shortened in the middle to fit."""
-    name = slot.name + (f" (tied: {', '.join(slot.tied)})" if slot.tied else "")
+    tied = f" (tied: {', '.join(slot.tied)})" if slot.tied else ""
     producers = "<- " + producers_summary(slot.producers)
-    one = f"{lead}{name} {producers}"
+    one = f"{lead}{slot.name}{tied} {producers}"
     if width is None or len(one) <= width:
         return [one]
     room = width - len(lead)
-    return [lead + shorten(name, room), " " * len(lead) + _cut(producers, room)]
+    # The row's own name whole (what report[name] takes); the tied names
+    # share what room is left, each shortened in the middle. A name longer
+    # than the room after the figures has a line of its own under them.
+    if len(slot.name) <= room:
+        return [lead + slot.name + _tied(slot.tied, room - len(slot.name)),
+                " " * len(lead) + _cut(producers, room)]
+    indent = "    "
+    if len(indent) + len(slot.name) <= width:
+        return [lead + _cut(producers, room),
+                indent + slot.name + _tied(slot.tied, width - len(indent) - len(slot.name))]
+    return [lead + _cut(producers, room)] + _wrap_name(slot.name, width, indent)
+
+
+def _wrap_name(name, width, indent):
+    """``name`` whole on lines of at most ``width`` columns, broken after a
+    "." or a space (anywhere where a part has neither), continued two
+    columns further in."""
+    lines, line, prefix = [], "", indent
+    for part in re.findall(r"[^. ]*[. ]?", name):
+        if not part:
+            continue
+        while len(prefix) + len(line) + len(part) > width and (line or len(prefix) + len(part) > width):
+            if line:
+                lines.append(prefix + line)
+                line, prefix = "", indent + "  "
+            else:  # one part longer than a line
+                room = width - len(prefix)
+                lines.append(prefix + part[:room])
+                part, prefix = part[room:], indent + "  "
+        line += part
+    if line:
+        lines.append(prefix + line)
+    return lines
+
+
+def _tied(names, room):
+    """`` (tied: a, b)`` in at most ``room`` columns: each name shortened in
+    the middle (to no less than 24 characters while several are shown), the
+    last ones left out (``+ 2 more``) where even that does not fit; "" where
+    nothing fits."""
+    for shown in range(len(names), 0, -1):
+        more = f", + {len(names) - shown} more" if shown < len(names) else ""
+        fixed = len(" (tied: ") + len(more) + 1 + 2 * (shown - 1)
+        each = (room - fixed) // shown
+        if each >= (24 if shown > 1 else 8) or all(len(n) <= each for n in names[:shown]):
+            return f" (tied: {', '.join(shorten(n, each) for n in names[:shown])}{more})"
+    return ""
 
 
 def _nothing_watched(report, width):
@@ -163,7 +247,7 @@ def render(report, width=100):
         f"  fusing avoided {fmt_bytes(report.avoided_bytes)}; the drop-ins would save "
         f"{fmt_bytes(report.avoidable_bytes)} more (at most {fmt_bytes(report.avoidable_peak_bytes)} "
         "of it at one time)",
-        _do_this(report),
+        _do_this(report, slots),
     ]
     saving = [s for s in slots if s.avoidable_bytes or s.avoided_bytes]
     rows_shown = len(saving) if width is None else MAX_ROWS
@@ -199,12 +283,29 @@ def render(report, width=100):
         lines += ["", "drop-ins (torch_ctxext.nn.fuse(model) swaps them all in):"]
         limit = len(ranked) if width is None else MAX_ROWS // 2
         for d in ranked[:limit]:
-            tail = f": {d.stock} -> torch_ctxext.nn.{d.drop_in}, saves {fmt_bytes(d.avoidable_bytes)}"
-            lines.append("  " + shorten(d.module, None if width is None else width - 2 - len(tail)) + tail)
+            tail = f": {d.stock} -> {_drop_in_name(d.drop_in)}, saves {fmt_bytes(d.avoidable_bytes)}"
+            if width is None or 2 + len(d.module) + len(tail) <= width:
+                lines.append("  " + d.module + tail)
+            else:  # the module's path whole (what to look for), the rest under it
+                lines += ["  " + d.module + ":", "    " + tail[2:]]
         if len(ranked) > limit:
             rest = ranked[limit:]
             lines.append(f"  ... and {count(len(rest), 'module')} more, "
                          f"{fmt_bytes(sum(d.avoidable_bytes for d in rest))} (report.as_dict()['drop_ins'])")
+    if report.routes:
+        lines += ["", "routes (code to change: a parameter applied through F.linear outside its module):"]
+        for r in report._routes_sorted():
+            text = (f"{r.module}.forward: F.linear(..., {r.attribute}) -> torch_ctxext.nn.functional.linear"
+                    f"(..., {r.attribute}), saves {fmt_bytes(r.avoidable_bytes)} with fuse(model)")
+            lines += textwrap.wrap(text, width=width or 10 ** 6, initial_indent="  ", subsequent_indent="    ")
+    cannot = [(cls, nbytes) for cls, nbytes in _left(report, slots)
+              if cls in NO_DROP_IN or cls in report.cannot_swap]
+    if cannot:
+        lines += ["", "cannot be fused:"]
+        for cls, nbytes in cannot:
+            why = NO_DROP_IN.get(cls) or report.cannot_swap[cls]
+            text = f"{cls}: {fmt_bytes(nbytes)} of temporaries; {why}"
+            lines += textwrap.wrap(text, width=width or 10 ** 6, initial_indent="  ", subsequent_indent="    ")
     if report.functions:
         lines += ["", "custom Functions that read ctx.input_grad_buffers:"]
         for _, f in sorted(report.functions.items()):

@@ -10,17 +10,26 @@ gradient elsewhere:
   :class:`FusedLinearFunction`);
 * :class:`FusedEmbedding` for ``nn.Embedding``, e.g. a token embedding tied to
   the output projection (:class:`FusedEmbeddingFunction`);
-* :class:`FusedLSTMCell` for ``nn.LSTMCell`` unrolled over time;
+* :class:`FusedLSTMCell` for ``nn.LSTMCell`` unrolled over time, and
+  :class:`FusedGRUCell` for ``nn.GRUCell``;
+* :class:`FusedMultiheadAttention` for ``nn.MultiheadAttention`` (its
+  projections, as ``nn.TransformerEncoderLayer`` and ``nn.Transformer`` use
+  it; :class:`FusedProjectionFunction`);
 * ``FusedConv1D`` for ``transformers``' ``Conv1D`` (GPT-2's layers; its
   Function: :class:`FusedConv1DFunction`), made from the installed
   ``transformers`` on first use: this package never imports it.
 
-:func:`fuse` swaps them in for a whole model, in place;
+:func:`fuse` swaps them in for a whole model, in place (a subclass of a
+stock module too, keeping its forward); :func:`torch_ctxext.nn.functional.linear`
+is ``F.linear`` for a weight applied outside its module;
 ``torch_ctxext.advise(model)`` says where that pays and how much.
 """
+from . import functional
+from .attention import FusedMultiheadAttention, FusedProjectionFunction
 from .conv1d import FusedConv1DFunction
 from .embedding import FusedEmbedding, FusedEmbeddingFunction
-from .fuse import DROP_INS, drop_in_for, fuse
+from .gru import FusedGRUCell, FusedGRUGatesFunction
+from .fuse import DROP_INS, drop_in_for, fuse, subclass_drop_in, why_not
 from .linear import FusedLinear, FusedLinearFunction
 from .rnn import FusedLSTMCell, FusedLSTMGatesFunction
 
@@ -29,12 +38,19 @@ __all__ = [
     "FusedConv1DFunction",
     "FusedEmbedding",
     "FusedEmbeddingFunction",
+    "FusedGRUCell",
+    "FusedGRUGatesFunction",
     "FusedLSTMCell",
     "FusedLSTMGatesFunction",
     "FusedLinear",
     "FusedLinearFunction",
+    "FusedMultiheadAttention",
+    "FusedProjectionFunction",
     "drop_in_for",
+    "functional",
     "fuse",
+    "subclass_drop_in",
+    "why_not",
 ]
 
 
