@@ -16,6 +16,7 @@ first import does to a process import it before either.
 """
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -62,6 +63,13 @@ def child_env(path=(), **settings):
     return clean_env(**settings)
 
 
+def run(args, timeout=300, cwd="/", **settings):
+    """Run a program (``args``: its path, then its arguments) to its end in
+    :func:`clean_env`; output captured as text. The CompletedProcess."""
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=str(cwd),
+                          env=clean_env(**settings), timeout=timeout)
+
+
 def python(*args, code=None, timeout=300, cwd="/", path=(), input=None, **settings):
     """Run a fresh interpreter to its end: ``python -c code args...`` (code
     dedented), or ``python args...``; output captured as text. ``settings``
@@ -78,12 +86,13 @@ def python(*args, code=None, timeout=300, cwd="/", path=(), input=None, **settin
 
 
 def start_python(*args, code=None, cwd="/", path=(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                 preexec_fn=None, **settings):
+                 preexec_fn=None, start_new_session=False, **settings):
     """Start a fresh interpreter as :func:`python` runs one, without waiting:
     the Popen (text pipes). End it with :func:`reap`."""
     argv = [sys.executable, *(["-c", textwrap.dedent(code)] if code is not None else []), *map(str, args)]
     return subprocess.Popen(argv, stdout=stdout, stderr=stderr, text=True, cwd=str(cwd),
-                            env=child_env(path, **settings), preexec_fn=preexec_fn)
+                            env=child_env(path, **settings), preexec_fn=preexec_fn,
+                            start_new_session=start_new_session)
 
 
 def wait_until(condition, deadline, what, interval=0.05):
@@ -100,9 +109,26 @@ def wait_until(condition, deadline, what, interval=0.05):
 
 
 def reap(process, timeout=60):
-    """Wait for ``process`` (a Popen) to exit, killing it if it has not within
-    ``timeout`` seconds; its return code (negative: the signal that ended
-    it). Its pipes are drained and closed."""
+    """Wait for ``process`` (a Popen, or the pid of a forked child) to exit,
+    killing it (SIGKILL) if it has not within ``timeout`` seconds; its exit
+    code (negative: the signal that ended it, -9 where it was killed here).
+    A Popen's pipes are drained and closed."""
+    if isinstance(process, int):
+        exited = []
+
+        def gone():
+            done, status = os.waitpid(process, os.WNOHANG)
+            if done:
+                exited.append(os.waitstatus_to_exitcode(status))
+            return done
+
+        try:
+            wait_until(gone, timeout, f"process {process} exited", interval=0.02)
+        except AssertionError:
+            os.kill(process, signal.SIGKILL)
+            _, status = os.waitpid(process, 0)
+            return os.waitstatus_to_exitcode(status)
+        return exited[0]
     try:
         process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -19,7 +19,6 @@ reports are derived here from the models' structure, never from advise:
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -28,8 +27,8 @@ import torch
 
 import torch_ctxext
 from torch_ctxext import _features
+from support import ROOT, python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from where_fusing_pays import MODELS, report_of  # noqa: E402
@@ -318,7 +317,7 @@ def test_the_report_on_the_test_device_is_the_cpus():
     # process's first backward, so it runs in a fresh interpreter.
     examples = os.path.dirname(sys.modules["where_fusing_pays"].__file__)
     script = DEVICE_SCRIPT.format(examples=examples, cases=ON_THE_TEST_DEVICE)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = python(code=script)
     assert done.returncode == 0, done.stderr[-3000:]
     on_device = json.loads(done.stdout.strip().splitlines()[-1])
     # Where this release's route leaves accelerator buffers None (torch_ctxext

@@ -9,24 +9,21 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from torch_ctxext import _releases
 from torch_ctxext._ext import advise_module, build_cache, loader
+from support import python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_NATIVE = _releases.all_native(torch.__version__)
 all_native = pytest.mark.skipif(
     not ALL_NATIVE, reason=f"torch {torch.__version__} lacks members: torch_ctxext's extension carries the watch")
 
 
 def run(code, **env):
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + sys.path), **env)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, cwd="/")
+    done = python(code=code, **env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -81,8 +78,7 @@ def test_without_a_build_advise_watches_in_python_and_says_how_to_make_one(tmp_p
     assert seen["after"] == []
     assert "advise() watches in Python (`python -m torch_ctxext build` makes one)" in seen["choice"]
     assert (seen["temporaries"], seen["summed"]) == (2, 1)  # the same report
-    info = subprocess.run([sys.executable, "-m", "torch_ctxext", "info"], capture_output=True, text=True, cwd="/",
-                          env=dict(os.environ, PYTHONPATH=ROOT, TORCH_CTXEXT_CACHE=str(tmp_path)))
+    info = python("-m", "torch_ctxext", "info", TORCH_CTXEXT_CACHE=tmp_path)
     assert "advise watch   Python: no build of advise()'s C++ watch" in info.stdout
     assert not os.listdir(tmp_path) or os.listdir(tmp_path) == ["builds"] and not os.listdir(tmp_path / "builds")
 

@@ -19,15 +19,14 @@ with that reason.
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 import torch
 
 import torch_ctxext
+from support import ROOT, python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from transformers_models import MODELS, NEEDS_TRANSFORMERS  # noqa: E402
@@ -178,8 +177,7 @@ def test_fuse_never_imports_transformers():
     script = ("import sys, torch, torch_ctxext.nn as n\n"
               "n.fuse(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Embedding(3, 2)))\n"
               "assert 'transformers' not in sys.modules, 'imported'\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT] + sys.path)})
+    done = python(code=script, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
 

@@ -22,8 +22,8 @@ import torch_ctxext
 from torch_ctxext._advise import graph
 from torch_ctxext._ext import advise_module
 from doubling_functions import doubling, fuse_into_buffer
+from support import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from where_fusing_pays import MODELS  # noqa: E402
 

@@ -14,9 +14,6 @@ the refusal's kind and streams); the sentences are Python's.
 """
 import importlib.util
 import json
-import subprocess
-import sys
-import textwrap
 import threading
 
 import pytest
@@ -27,6 +24,7 @@ from torch.utils._pytree import tree_map
 import torch_ctxext
 from torch_ctxext._ext import loader as _extension
 from torch_ctxext._explain import explain
+from support import python
 
 BACKPORT = torch_ctxext.features()["input_grad_buffers"] == "torch_ctxext"
 needs_extension = pytest.mark.skipif(
@@ -392,10 +390,7 @@ def on_the_device():
         pytest.skip("explain()'s accelerator reasons come from torch_ctxext's extension")
     if importlib.util.find_spec("torch_ctxext_testdevice") is None:
         pytest.skip("the test device is not installed (tools/run.sh installs it)")
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(ON_THE_DEVICE)],
-        capture_output=True, text=True, timeout=300,
-    )
+    done = python(code=ON_THE_DEVICE)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 import torch_ctxext
+from support import ROOT
 from torch_ctxext.nn import (FusedEmbedding, FusedEmbeddingFunction, FusedLinear, FusedLinearFunction,
                              FusedLSTMCell, FusedLSTMGatesFunction, fuse)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 
 def exposed(report, function):
@@ -263,7 +264,7 @@ def test_three_projections_of_one_hidden_state_fuse_into_each_other_whichever_ru
 
 
 def backward_allocations(run):
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench
 
     return bench.backward_peak_bytes(run)["allocated_bytes"]

@@ -26,12 +26,11 @@ import runpy
 import signal
 import socket
 import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
 import torch
+from support import python, reap, start_python, wait_until
 
 ANNOUNCE = "torch_ctxext: building its C++ extension for torch"
 FEATURES = """
@@ -54,12 +53,7 @@ NEEDS_EXTENSION = pytest.mark.skipif(
 
 
 def run(code, timeout=120, **env):
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
-    environment.update({k: str(v) for k, v in env.items()})
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, cwd="/", env=environment, timeout=timeout,
-    )
+    return python(code=code, timeout=timeout, **env)
 
 
 def compiler(directory, name, when_compiling):
@@ -137,16 +131,10 @@ def test_an_import_waiting_for_a_stopped_builder_says_so_at_once_and_gives_up_af
     hang.touch()
     hanging = compiler(tmp_path, "hanging-c++",
                        f"touch {compiling}; while [ -e {hang} ]; do sleep 0.1; done; exit 1")
-    builder = subprocess.Popen(
-        [sys.executable, "-c", "import torch_ctxext"], cwd="/", stderr=subprocess.PIPE, text=True,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")},
-             "TORCH_CTXEXT_CACHE": str(cache), "CXX": hanging},
-        start_new_session=True,
-    )
+    builder = start_python(code="import torch_ctxext", stdout=None, start_new_session=True,
+                           TORCH_CTXEXT_CACHE=cache, CXX=hanging)
     try:
-        deadline = time.monotonic() + 120
-        while not compiling.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(compiling.exists, 120, "the build's compiler started")
         # The build's own process holds the lock (build_child.py, a session of
         # its own: a Ctrl-Z of the importer's job does not reach it); stopped.
         (lock,) = glob.glob(str(cache / "builds" / "*.lock"))
@@ -159,7 +147,7 @@ def test_an_import_waiting_for_a_stopped_builder_says_so_at_once_and_gives_up_af
     finally:
         hang.unlink()
         os.killpg(builder.pid, signal.SIGKILL)
-        builder.wait()
+        reap(builder)
         with contextlib.suppress(NameError, ProcessLookupError):
             os.kill(holder, signal.SIGCONT)  # it ends with the importer (PR_SET_PDEATHSIG) once it runs
     statuses = unavailable(waiter)
@@ -329,27 +317,25 @@ def test_an_importer_killed_while_it_builds_leaves_no_compiler_running_and_no_pa
     directory goes with them (build.py's promise), whatever killed it."""
     cache, compilers = tmp_path / "cache", tmp_path / "compilers"
     slow = compiler(tmp_path, "slow-c++", f"echo $$ >> {compilers}; sleep 300; exit 1")
-    prefix = ""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
-    environment.update(TORCH_CTXEXT_CACHE=str(cache), CXX=slow)
-    importer = subprocess.Popen([sys.executable, "-c", prefix + "import torch_ctxext"], cwd="/", env=environment,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (compilers.exists() and compilers.read_text().strip()) and time.monotonic() < deadline:
+    importer = start_python(code="import torch_ctxext", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, TORCH_CTXEXT_CACHE=cache, CXX=slow)
+
+    def compiling():
         assert importer.poll() is None, "the import ended before its build compiled"
-        time.sleep(0.2)
-    time.sleep(1)  # every unit's compile has started
-    pids = [int(p) for p in compilers.read_text().split()]
-    assert pids and all(_alive(p) for p in pids)
-    KILLS[kill](importer.pid)
-    importer.wait(timeout=60)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (
-        any(_alive(p) for p in pids) or glob.glob(str(cache / "builds" / "*.partial-*"))
-    ):
-        time.sleep(0.2)
-    assert [p for p in pids if _alive(p)] == [], "compilers still running after the importer was killed"
-    assert glob.glob(str(cache / "builds" / "*.partial-*")) == []
+        return compilers.exists() and compilers.read_text().strip()
+
+    try:
+        wait_until(compiling, 300, "the build's compilers started")
+        time.sleep(1)  # every unit's compile has started
+        pids = [int(p) for p in compilers.read_text().split()]
+        assert pids and all(_alive(p) for p in pids)
+        KILLS[kill](importer.pid)
+        importer.wait(timeout=60)
+    finally:
+        reap(importer, timeout=0)
+    wait_until(lambda: not any(_alive(p) for p in pids), 60, "the compilers ended with the importer")
+    wait_until(lambda: glob.glob(str(cache / "builds" / "*.partial-*")) == [], 60,
+               "the importer's partial build was removed")
 
 
 @NEEDS_EXTENSION

@@ -11,13 +11,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from install_env import ROOT
 from torch_ctxext._ext import child
+from support import python
 
 pytestmark = pytest.mark.skipif(not child.supported(), reason="child.run needs a POSIX system and sys.executable")
 
@@ -31,12 +31,8 @@ PRELUDE = textwrap.dedent(f"""
 """)
 
 
-def _importer(code, timeout=120, **kwargs):
-    try:
-        return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], capture_output=True,
-                              text=True, timeout=timeout, **kwargs)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the importer hung: {e.stdout!r} {e.stderr!r}")
+def _importer(code, timeout=120, **env):
+    return python(code=PRELUDE + textwrap.dedent(code), timeout=timeout, **env)
 
 
 def test_a_child_starts_while_another_thread_of_the_importer_waits_for_the_gil():
@@ -212,7 +208,7 @@ def test_where_posix_spawn_is_refused_children_start_with_subprocess(tmp_path):
     completed = _importer("""
         ended = child.run(["/bin/sh", "-c", "echo hello; exit 4"], timeout=60)
         print(ended.status, ended.output.strip(), child.how)
-    """, env={**os.environ, "LD_PRELOAD": str(shim)})
+    """, LD_PRELOAD=shim)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert completed.stdout.strip() == "4 hello subprocess (posix_spawn refused: Operation not permitted)"
 
@@ -234,8 +230,7 @@ def test_a_child_start_costs_no_more_in_a_process_of_several_gb():
     """
     medians = {}
     for megabytes in (50, 2048, 50, 2048):  # interleaved: the machine's load drifts
-        completed = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code), str(megabytes)],
-                                   capture_output=True, text=True, timeout=300)
+        completed = python(megabytes, code=PRELUDE + textwrap.dedent(code))
         assert completed.returncode == 0, completed.stderr
         medians.setdefault(megabytes, []).append(float(completed.stdout))
     small, big = min(medians[50]), min(medians[2048])
@@ -252,8 +247,7 @@ def test_info_says_how_children_are_started():
         child.how = "subprocess (posix_spawn refused: Operation not permitted)"
         main(["info"])
     """)
-    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "PYTHONPATH": ROOT})
+    completed = python(code=code)
     assert completed.returncode == 0, completed.stderr
     lines = [line for line in completed.stdout.splitlines() if line.startswith("children ")]
     assert lines == [
@@ -276,11 +270,7 @@ def test_a_build_process_that_cannot_start_names_its_errno_and_no_log_that_was_n
             import torch_ctxext
         print([str(w.message) for w in caught if w.category is torch_ctxext.ExtensionUnavailableWarning][0])
     """)
-    completed = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/",
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")},
-             "PYTHONPATH": ROOT, "TORCH_CTXEXT_CACHE": str(tmp_path / "cache")},
-    )
+    completed = python(code=code, TORCH_CTXEXT_CACHE=tmp_path / "cache")
     assert completed.returncode == 0, completed.stderr
     said = completed.stdout.strip()
     assert "its build process could not start" in said and "errno 2" in said, said

@@ -20,25 +20,15 @@ import pytest
 
 from test_layout_verdict import BACKPORTED, FEATURES, copied_build, needs_extension  # noqa: F401  (copied_build: a fixture)
 from torch_ctxext._ext import layout_verdict, loader
+from support import python
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
-
-def _environment(cache=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
-    env["PYTHONPATH"] = ROOT  # this checkout's torch_ctxext, whatever the cwd
-    if cache is not None:
-        env["TORCH_CTXEXT_CACHE"] = str(cache)
-    return env
 
 
 def run_script(path, code, cwd, cache=None):
     """Run ``code`` as the script ``path`` (its directory first on its
     path, as Python puts it), in ``cwd``."""
     path.write_text(textwrap.dedent(code))
-    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                          env=_environment(cache), cwd=str(cwd), timeout=300)
+    return python(path, cwd=cwd, TORCH_CTXEXT_CACHE=cache)
 
 
 @pytest.fixture
@@ -86,8 +76,7 @@ def test_the_probe_status_is_read_right_whatever_the_importer_does_with_sigchld(
     helper child.run starts it through, never for the probe itself."""
     script = tmp_path / "importer.py"
     script.write_text(PROBES_UNDER)
-    result = subprocess.run([sys.executable, str(script), sigchld, str(crashing_library), loader.loaded.path],
-                            capture_output=True, text=True, env=_environment(), cwd="/", timeout=300)
+    result = python(script, sigchld, crashing_library, loader.loaded.path)
     assert result.returncode == 0, result.stderr
     said = json.loads(result.stdout.splitlines()[-1])
     crash = said["answers"][str(crashing_library)]

@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ import torch
 import torch_ctxext
 from torch_ctxext import _features
 from torch_ctxext._ext import layout_check, layout_verdict, loader
+from support import python
 
 BACKPORTED = [m for m, s in torch_ctxext.features().items() if s != "native"]
 needs_extension = pytest.mark.skipif(not BACKPORTED, reason="the running torch needs no extension")
@@ -32,10 +32,7 @@ FEATURES = "import json, torch_ctxext; print(json.dumps(torch_ctxext.features())
 
 
 def run(code, **env):
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
-    environment.update({k: str(v) for k, v in env.items()})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=environment, cwd="/", timeout=300)
+    return python(code=code, **env)
 
 
 @pytest.fixture

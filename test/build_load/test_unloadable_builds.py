@@ -33,9 +33,9 @@ import torch
 
 import torch_ctxext
 from torch_ctxext._ext import build_cache, loader, sources
+from support import ROOT, python
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 from install_env import BACKPORTED, BUILD_TIMEOUT, failing_compiler, needs_extension  # noqa: E402
 from torch_ctxext import _releases  # noqa: E402
 
@@ -44,7 +44,6 @@ from torch_ctxext import _releases  # noqa: E402
 LACKING = [m for m in BACKPORTED if m not in _releases.REPLACED_ALONG_WITH]
 from package_copy import add_packaged_binaries, sources_only_copy  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.dirname(os.path.abspath(torch_ctxext.__file__))
 PROBE = """
 import json, warnings
@@ -114,10 +113,7 @@ def put_in_cache(cache, data):
 def import_fresh(cache, pythonpath=ROOT, timeout=300, **env):
     """``import torch_ctxext`` in a fresh interpreter: (what it says, stderr).
     It must succeed."""
-    environment = {k: v for k, v in os.environ.items() if k not in ("CXX",) and not k.startswith("TORCH_CTXEXT_")}
-    environment.update(PYTHONPATH=str(pythonpath), TORCH_CTXEXT_CACHE=str(cache), **env)
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd="/",
-                          env=environment, timeout=timeout)
+    done = python(code=PROBE, timeout=timeout, PYTHONPATH=pythonpath, TORCH_CTXEXT_CACHE=cache, **env)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 

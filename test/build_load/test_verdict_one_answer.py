@@ -16,24 +16,16 @@ import ctypes
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
-import pytest
 
 from test_layout_verdict import BACKPORTED, FEATURES, copied_build, needs_extension  # noqa: F401  (copied_build: a fixture)
 from torch_ctxext._ext import layout_verdict
+from support import start_python
 
 VERIFYING = "verifying that its extension reads the structures"
 ALL = {m: "torch_ctxext" for m in BACKPORTED}
-
-
-def _environment(**env):
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
-    environment.update({k: str(v) for k, v in env.items()})
-    return environment
 
 
 def _without_root_powers():
@@ -46,9 +38,7 @@ def _without_root_powers():
 
 
 def start(code=FEATURES, bound=False, **env):
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_environment(**env), cwd="/",
-                            preexec_fn=_without_root_powers if bound and os.geteuid() == 0 else None)
+    return start_python(code=code, preexec_fn=_without_root_powers if bound and os.geteuid() == 0 else None, **env)
 
 
 def finish(rank):

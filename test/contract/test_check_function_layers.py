@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import torch_ctxext
+from support import python
 
 TESTING = pathlib.Path(torch_ctxext.__file__).parent / "testing"
 
@@ -52,7 +53,7 @@ LAZY_LOADING = textwrap.dedent(
 
 def test_import_torch_ctxext_loads_neither_the_checker_nor_explain_nor_advise_nor_nn_until_first_use():
     # A fresh process: this one has imported the checker already.
-    result = subprocess.run([sys.executable, "-c", LAZY_LOADING], capture_output=True, text=True)
+    result = python(code=LAZY_LOADING)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "ok"
 

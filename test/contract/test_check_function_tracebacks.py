@@ -5,7 +5,6 @@ rule, what was found and your code, not the checker's own source.
 """
 import gc
 import importlib.metadata
-import textwrap
 import weakref
 
 import pytest

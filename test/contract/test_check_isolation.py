@@ -6,11 +6,9 @@ and PYTEST_ADDOPTS must not change what ``python -m torch_ctxext check``
 runs, nor what a plain ``pytest --pyargs torch_ctxext.conformance`` loads:
 otherwise the report says "does not conform" and blames torch."""
 import os
-import subprocess
-import sys
 import textwrap
+from support import ROOT, python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUBSET = "apply_jvp"  # one member, fast
 
 
@@ -58,9 +56,7 @@ def _plugin(cwd):
 
 
 def run(args, cwd, **env):
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), **env)
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env=environment)
+    return python(*args, cwd=cwd, timeout=600, **env)
 
 
 def test_check_runs_the_suite_without_the_callers_conftest_ini_or_pytest_addopts(tmp_path):

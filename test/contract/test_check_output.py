@@ -1,20 +1,15 @@
 """``python -m torch_ctxext check`` reads like a report: a progress line per
 member, the table and the verdict, nothing of pytest's internals unless
 ``-v``; exit status 0 conforms, 1 does not conform, 2 could not run."""
-import os
 import re
-import subprocess
-import sys
 import textwrap
+from support import python
 
 SUBSET = "test_save_for_forward"  # one member, fast
 
 
-def check(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "torch_ctxext", "check", *args],
-        capture_output=True, text=True, timeout=600, env=env,
-    )
+def check(*args, path=()):
+    return python("-m", "torch_ctxext", "check", *args, timeout=600, path=path)
 
 
 def test_check_prints_progress_per_member_then_the_table_and_the_verdict_only():
@@ -42,8 +37,7 @@ def test_check_exits_1_when_the_contract_is_broken(tmp_path):
             raise RuntimeError("broken on purpose")
         f.FunctionCtx.save_for_forward = save_for_forward
     """))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    done = check("-k", SUBSET, "--", "-p", "break_it", env=env)
+    done = check("-k", SUBSET, "--", "-p", "break_it", path=[tmp_path])
     assert done.returncode == 1, done.stdout + done.stderr
     assert re.search(r"^FAILED \S*test_save_for_forward\.py::\w+.* - RuntimeError: broken on purpose", done.stdout, re.M), done.stdout
     assert done.stdout.rstrip().endswith("verdict: does not conform")

@@ -8,14 +8,11 @@ any other thread's import (which could then skip a finder): issue 30,
 finding 11.
 """
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 import torch_ctxext
+from support import python
 
 needs_boxed_path = pytest.mark.skipif(
     torch_ctxext.features().get("apply_boxed") != "torch_ctxext",
@@ -24,9 +21,7 @@ needs_boxed_path = pytest.mark.skipif(
 
 
 def run(code):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                            env=env, cwd="/", timeout=300)
+    result = python(code=code)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.splitlines()[-1])
 

@@ -15,8 +15,6 @@ subset (tools/run.sh), the suite on the same releases.
 Scenarios whose outcome depends on process-wide state (whether a hook was
 ever placed) run in a fresh interpreter.
 """
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -27,6 +25,7 @@ from torch.autograd.variable import Variable
 import torch_ctxext
 from torch_ctxext import _features
 from doubling_functions import doubling
+from support import python
 
 FEATURES = torch_ctxext.features()
 
@@ -51,9 +50,7 @@ backported_buffers = pytest.mark.skipif(
 
 
 def run(code):
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
-    )
+    result = python(code=code)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip()
 
@@ -224,9 +221,7 @@ def test_features_and_routes_say_who_provides_each_member_and_how():
     if FEATURES["set_output_grad_dtype"] == "torch_ctxext":
         expected = "validate_outputs hook" if CASTS_EVERY_GRADIENT else "InputMetadata grad_dtype"
         assert expected in routes["set_output_grad_dtype"]
-    info = subprocess.run(
-        [sys.executable, "-m", "torch_ctxext", "info"], capture_output=True, text=True
-    )
+    info = python("-m", "torch_ctxext", "info")
     assert info.returncode == 0, info.stderr
     for member, route in routes.items():
         if route != "native":
@@ -247,7 +242,7 @@ def test_an_import_under_no_grad_installs_every_member_this_release_backports(mo
             import torch_ctxext
         print(json.dumps(torch_ctxext.features()))
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    done = python(code=code, timeout=600)
     assert done.returncode == 0, done.stderr
     import json
 

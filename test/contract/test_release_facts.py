@@ -19,8 +19,8 @@ import torch
 import torch_ctxext
 from torch_ctxext import _features, _releases
 from torch_ctxext._ext import loader as _extension
+from support import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 HEADER = os.path.join(CSRC, "engine_layout.h")
 NAMES = [b.name for b in _releases.BOUNDARIES]

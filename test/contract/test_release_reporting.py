@@ -11,8 +11,8 @@ import pytest
 from torch_ctxext import _releases
 from torch_ctxext.conformance import report as _report
 from torch_ctxext.conformance import conftest
+from support import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "differential"))
 

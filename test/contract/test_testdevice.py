@@ -7,14 +7,12 @@ the first backward() of a process, and this one has run many. (Its import
 runs no backward, as a real backend's: test_import_leaves_the_process.py.)
 """
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import torch_ctxext
+from support import TESTS, python
 
 # Looked up, not imported: the device must not be registered in this process,
 # whose engine started long ago (its import would refuse, rightly).
@@ -35,15 +33,7 @@ EXIT = "\nimport os, sys\nsys.stdout.flush()\nsys.stderr.flush()\nos._exit(0)\n"
 def run(code, *args):
     """Run ``code`` in a fresh interpreter, with this folder on PYTHONPATH
     (for doubling_functions); its stdout's lines."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    pythonpath = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    completed = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code) + EXIT, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": pythonpath},
-    )
+    completed = python(*args, code=textwrap.dedent(code) + EXIT, path=[TESTS])
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return completed.stdout.strip().splitlines()
 
@@ -153,19 +143,13 @@ def test_later_producers_are_validated_by_the_engine_hook_in_a_process_with_devi
     ],
 )
 def test_check_refuses_an_unknown_or_missing_device_with_the_reason(device, message):
-    completed = subprocess.run(
-        [sys.executable, "-m", "torch_ctxext", "check", "--device", device],
-        capture_output=True, text=True, timeout=300,
-    )
+    completed = python("-m", "torch_ctxext", "check", "--device", device)
     assert completed.returncode == 2, completed.stdout + completed.stderr
     assert message in completed.stderr
     assert "Traceback" not in completed.stderr
 
 
 def test_check_refuses_a_device_module_that_does_not_import():
-    completed = subprocess.run(
-        [sys.executable, "-m", "torch_ctxext", "check", "--device", "npu", "--device-module", "no_such_backend"],
-        capture_output=True, text=True, timeout=300,
-    )
+    completed = python("-m", "torch_ctxext", "check", "--device", "npu", "--device-module", "no_such_backend")
     assert completed.returncode == 2, completed.stdout + completed.stderr
     assert "importing 'no_such_backend', which registers the device, failed" in completed.stderr

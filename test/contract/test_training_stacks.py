@@ -18,6 +18,7 @@ The distributed stacks run in WORLD processes (gloo, CPU) that the test
 starts and always stops, with a time bound. The helpers and the workers'
 entry point are in training_stacks.py.
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -31,6 +32,7 @@ import torch
 import torch_ctxext
 import training_stacks as stacks
 from torch_ctxext import _releases
+from support import child_env, reap, wait_until
 
 HARNESS = os.path.abspath(stacks.__file__)
 # Who provides set_output_grad_dtype decides how Dynamo fails to trace it
@@ -93,11 +95,9 @@ STACKS = list(dict.fromkeys(c.stack for c in CASES))
 
 
 def worker_env():
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    # The workers import the same torch_ctxext as this process.
-    here = os.path.dirname(os.path.dirname(os.path.abspath(torch_ctxext.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
+    """A clean environment in which the workers import the same torch_ctxext
+    as this process, one intra-op thread each."""
+    return child_env(OMP_NUM_THREADS=1)
 
 
 def run_processes(commands, logs, timeout):
@@ -112,12 +112,12 @@ def run_processes(commands, logs, timeout):
                     command, stdout=out, stderr=subprocess.STDOUT, env=worker_env(),
                     cwd=os.path.dirname(log), start_new_session=True,
                 ))
-        deadline = time.monotonic() + timeout
-        while any(p.poll() is None for p in procs):
-            failed = [p for p in procs if p.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        def settled():  # every process exited, or one failed
+            codes = [p.poll() for p in procs]
+            return None not in codes or any(c not in (None, 0) for c in codes)
+
+        with contextlib.suppress(AssertionError):  # time ran out: said below, with the logs
+            wait_until(settled, timeout, "the worker processes finished")
         codes = [p.poll() for p in procs]
         if codes != [0] * len(procs):
             tails = "\n".join(f"--- {log} (exit code {code}):\n{_tail(log)}"
@@ -128,7 +128,7 @@ def run_processes(commands, logs, timeout):
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)  # its own session: the worker and anything it started
-            p.wait()
+            reap(p)
 
 
 def _tail(path, n=4000):

@@ -2,8 +2,8 @@
 import os
 import subprocess
 import sys
+from support import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_the_contract_table_in_docs_is_current():

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import torch_ctxext
+from support import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import advice_page  # noqa: E402

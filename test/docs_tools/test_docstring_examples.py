@@ -3,7 +3,6 @@ import doctest
 
 import pytest
 
-import torch_ctxext
 from torch_ctxext import _features
 from torch_ctxext._backport import input_grad_buffers as _input_grad_buffers
 from torch_ctxext._backport import output_grad_dtype as _output_grad_dtype

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import torch_ctxext
+from support import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import fused_linear  # noqa: E402
 import shared_layers  # noqa: E402

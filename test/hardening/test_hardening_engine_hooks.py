@@ -12,9 +12,6 @@
 The forced-hook scenarios run in a subprocess: the hook stays for the life of
 the process that placed it.
 """
-import subprocess
-import sys
-import textwrap
 from unittest import mock
 
 import pytest
@@ -22,6 +19,7 @@ import torch
 from torch.autograd.function import BackwardCFunction
 
 import torch_ctxext
+from support import TESTS, python
 
 BACKPORT = torch_ctxext.features()["input_grad_buffers"] == "torch_ctxext"
 pytestmark = pytest.mark.skipif(
@@ -75,17 +73,7 @@ def test_explain_refuses_an_object_that_is_not_a_ctx(impostor):
 def run(code, **env):
     """Run ``code`` in a fresh interpreter, with this folder on PYTHONPATH
     (for doubling_functions); its stdout."""
-    import os
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    pythonpath = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": pythonpath, **env},
-    )
+    result = python(code=code, path=[TESTS], **env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 

@@ -31,20 +31,15 @@ import threading
 import time
 
 import pytest
+from support import TESTS, python, reap, wait_until
 
 CHILD_BOUND_S = 20  # a backward of a few nodes takes milliseconds
 PARK_MS = 1000  # how long the training thread sits inside the locked region
 
 
 def run_case(lock, extra_env=None, refused_copies=()):
-    env = dict(os.environ, **(extra_env or {}))
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), lock, *map(str, refused_copies)],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_BOUND_S + 120,
-        env=env,
-    )
+    proc = python(os.path.abspath(__file__), lock, *refused_copies, timeout=CHILD_BOUND_S + 120, path=[TESTS],
+                  **(extra_env or {}))
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -229,12 +224,11 @@ def _main(lock, refused_copies):
     worker.start()
     if lock != "none":
         ext._park_next_gil_free_lock(lock, PARK_MS)
-        deadline = time.monotonic() + 10
-        while not ext._lock_parked():
-            if time.monotonic() > deadline:
-                print("parent: the training thread never entered the lock")
-                sys.exit(2)
-            time.sleep(0.001)
+        try:
+            wait_until(ext._lock_parked, 10, "the training thread entered the lock", interval=0.001)
+        except AssertionError as error:
+            print(f"parent: {error}")
+            sys.exit(2)
     else:
         time.sleep(0.05)
 
@@ -258,21 +252,13 @@ def _main(lock, refused_copies):
     stop.set()
     worker.join()
     del keep
-    deadline = time.monotonic() + CHILD_BOUND_S
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            print(f"parent: the child hung in backward for {CHILD_BOUND_S} s (killed)")
-            sys.exit(1)
-        time.sleep(0.02)
+    code = reap(pid, timeout=CHILD_BOUND_S)
+    if code == -signal.SIGKILL:
+        print(f"parent: the child hung in backward for {CHILD_BOUND_S} s (killed)")
+        sys.exit(1)
     if errors:
         print(f"parent: the training thread failed: {errors[0]!r}")
         sys.exit(1)
-    code = os.waitstatus_to_exitcode(status)
     print(f"parent: child exited with {code}")
     sys.exit(code)
 
@@ -310,6 +296,6 @@ t.join()
 _, status = os.waitpid(pid, 0)
 print(os.waitstatus_to_exitcode(status))
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = python(code=code, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1] == "0", done.stdout + done.stderr

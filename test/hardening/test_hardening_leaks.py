@@ -28,7 +28,6 @@ import os
 import time
 import weakref
 
-import pytest
 import torch
 from torch.autograd import Function
 

@@ -10,13 +10,12 @@ boundary, in a subprocess, and crosses it.
 import os
 import shutil
 import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
 import torch_ctxext
+from support import TESTS, python
 
 BACKPORT = torch_ctxext.features()["input_grad_buffers"] == "torch_ctxext"
 
@@ -83,11 +82,6 @@ def test_buffers_are_exposed_and_exact_after_two_to_the_31_graph_tasks():
         assert ids[0] < 2**31 <= ids[-1], ids
         print("ok", ids[0], ids[-1])
     """
-    here = os.path.dirname(os.path.abspath(__file__))  # for doubling_functions
-    pythonpath = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": pythonpath},
-    )
+    result = python(code=code, path=[TESTS])  # for doubling_functions
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("ok"), result.stdout

@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 from typing import NamedTuple, Optional
@@ -33,6 +32,7 @@ from torch.autograd.function import FunctionCtx
 
 import torch_ctxext
 from doubling_functions import doubling, fuse_into_buffer  # class F: pinned answers name FBackward
+from support import TESTS, python
 
 if __name__ != "__main__":
     import pytest
@@ -701,14 +701,7 @@ if __name__ == "__main__" and sys.argv[1:] == ["--catalogue"]:
 def run_in_subprocess(**extra_env):
     """Run every case in one subprocess; {name: text}, where the case that was
     running when the process died, and every later one, read 'CRASH: ...'."""
-    env = dict(os.environ, **extra_env)
-    # The subprocess imports the same torch_ctxext as this process.
-    here = os.path.dirname(os.path.dirname(os.path.abspath(torch_ctxext.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in [env.get("PYTHONPATH")] if p])
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--catalogue"],
-        capture_output=True, text=True, env=env, cwd="/", timeout=300,
-    )
+    proc = python(os.path.abspath(__file__), "--catalogue", path=[TESTS], **extra_env)
     results, running = {}, None
     for line in proc.stdout.splitlines():
         if not line.startswith("{"):

@@ -13,7 +13,6 @@ Runs on torch 2.13 + torch_ctxext and on native torch 2.15 alike.
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ from torch.autograd import Function
 import torch_ctxext  # noqa: F401
 from doubling_functions import doubling
 from torch.autograd.variable import Variable
+from support import TESTS, python, reap
 
 HAS_BOXED_GRADS = hasattr(torch.autograd.function.BackwardCFunction, "apply_boxed")
 
@@ -192,18 +192,8 @@ def fork_while_threads_train():
                     print(f"child: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             finally:
                 os._exit(0 if not child_errors and child_counts == [6] else 1)
-        deadline = time.monotonic() + CHILD_BOUND_S
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                outcomes.append(os.waitstatus_to_exitcode(status))
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                outcomes.append("hung")
-                break
-            time.sleep(0.01)
+        code = reap(pid, timeout=CHILD_BOUND_S)
+        outcomes.append("hung" if code == -signal.SIGKILL else code)
     for t in threads:
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a thread hung"
@@ -229,11 +219,8 @@ def test_children_forked_while_threads_train_run_every_feature():
         "import json, test_hardening_threads as t\n"
         "print(json.dumps(t.fork_while_threads_train()))\n"
     )
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_ctxext.__file__)))
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, package_root, os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=here,
-                          timeout=N_FORKS * CHILD_BOUND_S + 300)
+    done = python(code=code, path=[here, TESTS], cwd=here, timeout=N_FORKS * CHILD_BOUND_S + 300)
     assert done.returncode == 0, done.stderr[-3000:]
     errors, outcomes = json.loads(done.stdout.splitlines()[-1])
     assert not errors, errors[0]

@@ -3,17 +3,14 @@ not conform, 2 a usage or environment error, said in a line or two, without
 a traceback, and found before the suite runs where it can be."""
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
 import torch_ctxext
 from torch_ctxext import _releases
+from support import ROOT, python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 needs_extension = pytest.mark.skipif(
     all(status == "native" for status in torch_ctxext.features().values()),
@@ -22,10 +19,7 @@ needs_extension = pytest.mark.skipif(
 
 
 def cli(*args, **env):
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    environment.update(env)
-    return subprocess.run([sys.executable, "-m", "torch_ctxext", *args], capture_output=True, text=True,
-                          timeout=600, env=environment)
+    return python("-m", "torch_ctxext", *args, timeout=600, **env)
 
 
 def without_a_build(tmp_path):

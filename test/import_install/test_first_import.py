@@ -31,6 +31,7 @@ from install_env import (  # noqa: F401  (installed_from_source, sdist, user_env
     ANNOUNCE, BACKPORTED, BUILD_TIMEOUT, CSRC, LOADED, ROOT, checkout, clean_env, failing_compiler,
     installed_from_source, needs_extension, run, sdist, user_env,
 )
+from support import reap, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -51,19 +52,16 @@ def first_import(user_env, installed_from_source, tmp_path_factory):
     for line in victim.stderr:
         if line.startswith(ANNOUNCE):
             break
-    deadline = time.monotonic() + 120
-    while not glob.glob(str(builds / "*.partial-*" / "build.ninja")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: glob.glob(str(builds / "*.partial-*" / "build.ninja")), 120, "the build wrote its build.ninja")
     time.sleep(2)  # the compilers are running
     under_way = glob.glob(str(builds / "*.partial-*"))
     os.killpg(victim.pid, signal.SIGKILL)  # the job's processes, the importer's group
-    victim.wait()
+    reap(victim)
     # The build's supervisor ends the build, removes its directory, then exits:
     # its lock goes with it, a moment after the directory (wait for all three).
-    deadline = time.monotonic() + 60
-    while (glob.glob(str(builds / "*.partial-*")) or _processes_using(under_way) or not _lock_free(builds)) \
-            and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: not (glob.glob(str(builds / "*.partial-*")) or _processes_using(under_way)
+                            or not _lock_free(builds)),
+               60, "the killed build's directory, compilers and lock went")
     runs["killed"] = {
         "returncode": victim.returncode,
         "under_way": under_way,

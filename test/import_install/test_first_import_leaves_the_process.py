@@ -22,15 +22,13 @@ Each case runs a fresh interpreter with a build cache of its own; each
 builds (20 s or more on 2 cores).
 """
 import json
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from test_build_lock import NEEDS_EXTENSION, compiler
+from support import python
 
 STATE = r"""
 import logging, os, signal, sys, threading
@@ -62,13 +60,9 @@ def state():
 def first_import(tmp_path, code, env=None, prelude=""):
     """``code`` in a fresh interpreter whose build cache is empty: its stdout
     and stderr (the interpreter exits non-zero if ``code`` raises)."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_CTXEXT_")}
-    environment.update(TORCH_CTXEXT_CACHE=str(tmp_path / "cache"), **(env or {}))
-    completed = subprocess.run(
-        [sys.executable, "-W", "always::ResourceWarning", "-X", "tracemalloc=5", "-c",
-         STATE + textwrap.dedent(prelude) + textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=environment,
-    )
+    completed = python("-W", "always::ResourceWarning", "-X", "tracemalloc=5", "-c",
+                       STATE + textwrap.dedent(prelude) + textwrap.dedent(code),
+                       timeout=900, cwd=tmp_path, TORCH_CTXEXT_CACHE=tmp_path / "cache", **(env or {}))
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return completed
 

@@ -26,13 +26,12 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from support import TESTS, python
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 HAS_TESTDEVICE = importlib.util.find_spec("torch_ctxext_testdevice") is not None
 needs_testdevice = pytest.mark.skipif(
     not HAS_TESTDEVICE, reason="the test device is not installed (tools/run.sh installs it)"
@@ -58,13 +57,8 @@ MODULES = {"torch_ctxext": "torch_ctxext", "testdevice": "torch_ctxext_testdevic
 
 
 def run(code, env=None):
-    """``code`` in a fresh interpreter (this folder on its path); its stdout's lines."""
-    pythonpath = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
-    completed = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code) + EXIT],
-        capture_output=True, text=True, timeout=300, cwd="/",
-        env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})},
-    )
+    """``code`` in a fresh interpreter (the shared test helpers on its path); its stdout's lines."""
+    completed = python(code=PRELUDE + textwrap.dedent(code) + EXIT, path=[TESTS], **(env or {}))
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return completed.stdout.strip().splitlines()
 

@@ -16,13 +16,12 @@ it long ago); the subprocess loads the build this process loaded, from the
 same cache.
 """
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from install_env import BACKPORTED, needs_extension
+from support import python
 
 # Code run in a fresh interpreter; IMPORT is where torch_ctxext is first
 # imported, inside the mode of the case. Each case asserts that its mode is
@@ -208,10 +207,7 @@ def _script(case):
 @needs_extension
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_import_under_any_mode_installs_every_backported_member(case):
-    result = subprocess.run(
-        [sys.executable, "-c", _script(case)],
-        capture_output=True, text=True, cwd="/", timeout=300,
-    )
+    result = python(code=_script(case))
     assert result.returncode == 0, result.stderr
     features = json.loads(result.stdout.splitlines()[-1])
     assert {m: features[m] for m in BACKPORTED} == {m: "torch_ctxext" for m in BACKPORTED}
@@ -238,6 +234,6 @@ def test_an_import_leaves_functorchs_thread_state_as_it_found_it(case):
         "import torch\n" + before + "\nimport torch_ctxext\n"
         "print(torch_ctxext._C.functorch_tls_exists())\n" + EXIT
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd="/", timeout=300)
+    result = python(code=script)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-1] == str(expected)

@@ -17,12 +17,11 @@ what the running torch has before the import, never from a release number.
 """
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from install_env import ROOT, clean_env, failing_compiler
+from install_env import failing_compiler
+from support import python
 
 NEWER_VERSIONS = ["2.16.0", "2.16.0a0+git1234abc"]
 
@@ -53,11 +52,7 @@ print(json.dumps({
 
 
 def _python(code, *args, timeout=600, **env):
-    result = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-        cwd="/", env=clean_env(PYTHONPATH=ROOT, **env),
-    )
-    return result
+    return python(*args, code=code, timeout=timeout, **env)
 
 
 @pytest.mark.parametrize("version", NEWER_VERSIONS)

@@ -2,8 +2,6 @@
 import importlib
 import importlib.machinery
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -13,18 +11,12 @@ from torch.autograd.variable import Variable
 
 import torch_ctxext
 from torch_ctxext import _features, _releases
+from support import python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_python(code, **env):
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        cwd="/",
-    )
+    return python(code=code, **env)
 
 
 def test_features_names_every_member_of_the_contract_and_who_provides_it():
@@ -81,9 +73,7 @@ def test_help_shows_the_documented_contract_with_the_matmul_example():
 
 
 def test_info_prints_the_torch_version_the_build_and_every_member():
-    result = subprocess.run(
-        [sys.executable, "-m", "torch_ctxext", "info"], capture_output=True, text=True
-    )
+    result = python("-m", "torch_ctxext", "info")
     assert result.returncode == 0, result.stderr
     assert f"torch          {torch.__version__}" in result.stdout
     assert "built for" in result.stdout
@@ -215,12 +205,9 @@ def test_installing_changes_nothing_until_torch_ctxext_is_imported(tmp_path):
             )
         """
     ))
-    result = subprocess.run(
-        # Installed, the entry point loads the plugin; from a source tree, -p.
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         *([] if registered else ["-p", "torch_ctxext_pytest"]), str(tmp_path)],
-        capture_output=True, text=True, cwd=str(tmp_path),
-    )
+    # Installed, the entry point loads the plugin; from a source tree, -p.
+    result = python("-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    *([] if registered else ["-p", "torch_ctxext_pytest"]), tmp_path, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

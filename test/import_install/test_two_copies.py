@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -24,6 +23,7 @@ import torch
 
 import torch_ctxext
 from torch_ctxext._ext import loader as _extension
+from support import TESTS, python
 
 pytestmark = pytest.mark.skipif(
     _extension.loaded is None, reason="no extension loaded (native torch 2.15)"
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(
 FIRST_COPY_INTACT = textwrap.dedent(
     f"""
     import sys
-    sys.path.append({os.path.dirname(os.path.abspath(__file__))!r})
+    sys.path.append({TESTS!r})
     from engine_hook_functions import fused_backward, uncast_backward
 
     def first_copy_intact():
@@ -45,12 +45,7 @@ FIRST_COPY_INTACT = textwrap.dedent(
 
 
 def run(script, *args):
-    proc = subprocess.run(
-        [sys.executable, "-c", FIRST_COPY_INTACT + textwrap.dedent(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = python(*args, code=FIRST_COPY_INTACT + textwrap.dedent(script))
     return proc.returncode, proc.stdout + proc.stderr
 
 
