@@ -13,11 +13,11 @@ import shutil
 import pytest
 import torch
 
-from torch_ctxext import _releases
+import torch_ctxext
 from torch_ctxext._ext import advise_module, build_cache, loader
 from support import python
 
-ALL_NATIVE = _releases.all_native(torch.__version__)
+ALL_NATIVE = all(status == "native" for status in torch_ctxext.features().values())
 all_native = pytest.mark.skipif(
     not ALL_NATIVE, reason=f"torch {torch.__version__} lacks members: torch_ctxext's extension carries the watch")
 

@@ -259,12 +259,16 @@ def test_a_first_import_that_builds_makes_no_call_into_cuda_with_a_cuda_toolkit_
     # The control: cpp_extension in the importer, with that toolkit visible, calls into CUDA.
     assert calls("import torch.utils.cpp_extension")[0] != []
     made, out = calls("import torch, torch_ctxext\nprint(torch_ctxext.features()['input_grad_buffers'])")
-    from torch_ctxext import _releases
+    import torch_ctxext
+    from torch_ctxext._ext import loader
 
-    if _releases.native("input_grad_buffers", torch.__version__):  # every member native: nothing to build
-        assert out[-1] == "native"
-        assert not (tmp_path / "cache" / "builds").exists()
+    # What the import does comes from what this torch lacks and from how the
+    # copy under test was installed: one that carries its own binary (built
+    # in place, a wheel's) loads it, one installed from source builds.
+    assert out[-1] == torch_ctxext.features()["input_grad_buffers"]
+    built = list((tmp_path / "cache" / "builds").glob("*/_C.so"))
+    if loader.loaded is None or loader.loaded.origin.startswith("package"):
+        assert built == [], "nothing to build: the members are native, or the copy carries its binary"
     else:
-        assert out[-1] == "torch_ctxext"
-        assert list((tmp_path / "cache" / "builds").glob("*/_C.so")), "this import built the extension"
+        assert built, "this import built the extension"
     assert made == []
