@@ -2,12 +2,12 @@
 
 * its exit status is read right whatever the importer did with SIGCHLD
   (ignored: the kernel reaps it; a handler that reaps whatever exits), and
-  the importer's handler never runs for it (issue 30, finding 4);
+  the importer's handler never runs for it;
 * it runs with the importer's import path as the import system uses it (a
-  ``pathlib.Path`` entry is skipped there, and here: finding 7), in a
+  ``pathlib.Path`` entry is skipped there, and here), in a
   directory of its own, without the entry Python put first for the
   importer's cwd (a ``json.py`` or ``signal.py`` there is not imported in
-  the probe: finding 8).
+  the probe).
 """
 import json
 import os
@@ -103,8 +103,8 @@ def test_the_probe_path_holds_the_importer_entries_as_the_import_system_uses_the
 
 @needs_extension
 def test_a_path_object_on_sys_path_does_not_fail_the_import_that_probes(copied_build, tmp_path):
-    """Finding 7: on main, ``json.dumps(list(sys.path))`` raised TypeError
-    out of ``import torch_ctxext`` whenever the probe ran."""
+    """A ``pathlib.Path`` on ``sys.path`` is skipped in the probe's path, as
+    the import system skips it: the import that probes gets every member."""
     cache, build = copied_build
     result = run_script(tmp_path / "train.py", f"""
         import pathlib, sys
@@ -120,10 +120,10 @@ def test_a_path_object_on_sys_path_does_not_fail_the_import_that_probes(copied_b
 @needs_extension
 @pytest.mark.parametrize("shadow", ["json.py", "signal.py"])
 def test_a_module_in_the_importer_cwd_is_not_imported_by_the_probe(copied_build, tmp_path, shadow):
-    """Finding 8: a script run from a directory holding a ``json.py`` (its
-    own imports never see it: its path starts with the script's
-    directory). On main the probe took the cwd first on its path, imported
-    that file, and every member was silently unavailable."""
+    """A script run from a directory holding a ``json.py`` (its own imports
+    never see it: its path starts with the script's directory): the probe
+    does not take the cwd onto its path, does not import that file, and the
+    import gets every member."""
     cache, build = copied_build
     work = tmp_path / "work"
     work.mkdir()

@@ -1,13 +1,12 @@
 """A layout verdict is data read from a file, never trusted as an address.
 
 On torch 2.6-2.12 the boxed-grads path writes into PyNode's vtable, found
-at the offset the layout probe recorded in the verdict's facts. On main
-(2a11dfb) a damaged offset killed the importer: SIGSEGV for the right
-offset + 8, for 0 and for ``true``, TypeError out of the import for 2**64
-(issue 30, finding 6). Now an offset is checked to lie in libtorch_python's
-readable segments, and the RTTI found through it is checked, before
-anything is read through it; one that is not PyNode's vtable means "probe
-again", and the import goes on with every member.
+at the offset the layout probe recorded in the verdict's facts. A damaged
+offset (the right one + 8, 0, ``true``, 2**64) neither kills the importer
+nor raises out of the import: an offset is checked to lie in
+libtorch_python's readable segments, and the RTTI found through it is
+checked, before anything is read through it; one that is not PyNode's
+vtable means "probe again", and the import goes on with every member.
 """
 import json
 

@@ -3,14 +3,13 @@ same members, whatever happens to a layout probe or to the cache's
 permissions.
 
 * a probe killed in one rank (the OOM killer, a stray kill) is probed
-  again: on main (2a11dfb) that rank went without the members and without a
-  word while the rank that waited for it probed again and got them (issue
-  30, finding 9); a rank that cannot get a verdict at all says so;
+  again, so that rank gets the members the rank that waited for it gets; a
+  rank that cannot get a verdict at all says so;
 * a build in a cache the importer cannot write beside (a cluster's
   group-readable cache, another user's build) has its verdict kept in the
   importer's own cache, under the lock, and read there by every later
-  import: on main it was never kept, every import probed again, and
-  concurrent ranks probed without the lock (finding 10).
+  import, which does not probe again; concurrent ranks probe under the
+  lock.
 """
 import ctypes
 import json

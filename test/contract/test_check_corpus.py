@@ -50,7 +50,7 @@ def test_raising_mode_raises_exactly_for_a_failing_verdict(case):
             run_case(case)
 
 
-def test_corpus_covers_the_styles_of_the_issue_with_both_verdicts():
+def test_corpus_covers_the_styles_real_projects_use_with_both_verdicts():
     assert len(CASES) >= 20
     assert len({case.id for case in CASES}) == len(CASES)
     styles = " ".join(case.style for case in CASES)

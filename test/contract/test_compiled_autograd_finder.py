@@ -1,11 +1,8 @@
 """The finder that patches compiled autograd on its import (torch 2.6-2.12,
 where the boxed-grads path is torch_ctxext's) leaves ``sys.meta_path`` as it
-found it once its job is done, and never edits the list while it looks.
-
-On main (2a11dfb) it removed itself from the live ``sys.meta_path`` and put
-itself back first on every lookup of compiled autograd, under the walk of
-any other thread's import (which could then skip a finder): issue 30,
-finding 11.
+found it once its job is done, and never edits the list while it looks:
+another thread's import walking ``sys.meta_path`` meanwhile skips no
+finder.
 """
 import json
 

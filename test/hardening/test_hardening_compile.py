@@ -1,4 +1,4 @@
-"""Hardening 6: the ctx contract under torch.compile and compiled autograd.
+"""The ctx contract under torch.compile and compiled autograd.
 
 What happens (measured on torch 2.13 + torch_ctxext and native torch 2.15;
 2.14 has torch's own set_output_grad_dtype and torch_ctxext's

@@ -1,4 +1,4 @@
-"""Hardening: where the extension touches torch's internals directly.
+"""Where the extension touches torch's internals directly.
 
 * Every function of the extension that reads a ctx by its layout checks the
   object's real type: an object that only claims to be a ctx (``__class__``)

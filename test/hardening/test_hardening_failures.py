@@ -1,4 +1,4 @@
-"""Hardening 2: failures leave nothing behind.
+"""Failures leave nothing behind.
 
 An exception raised inside a custom backward (before or after it mutated an
 exposed buffer, boxed or not, with declared gradient dtypes or not) propagates

@@ -1,4 +1,4 @@
-"""Hardening: fork() while an engine thread is inside a lock of torch_ctxext.
+"""fork() while an engine thread is inside a lock of torch_ctxext.
 
 The engine hooks of torch_ctxext take process-global locks without the GIL
 (the validate_outputs wrapper behind set_output_grad_dtype(None) on torch

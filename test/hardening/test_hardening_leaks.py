@@ -1,4 +1,4 @@
-"""Hardening 3: 10,000 forward+backward iterations leak nothing.
+"""10,000 forward+backward iterations leak nothing.
 
 Each iteration uses every member of the ctx contract the backport touches, on
 its success and its error paths: ``input_grad_buffers`` (fused accumulation,

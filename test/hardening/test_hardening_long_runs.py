@@ -1,4 +1,4 @@
-"""Hardening: a process that has run more graph tasks than an int can count.
+"""A process that has run more graph tasks than an int can count.
 
 Every ``backward()``, ``grad()`` and reentrant checkpoint is a graph task with
 a 64-bit id; torch's ``get_current_graph_task_id()`` hands out an ``int``.

@@ -1,4 +1,4 @@
-"""Hardening 4: a catalogue of wrong uses of the ctx contract.
+"""A catalogue of wrong uses of the ctx contract.
 
 Each wrong use of ``ctx.input_grad_buffers`` / ``ctx.set_output_grad_dtype``
 (wrong types and counts, wrong moment, wrong thread, a retained ctx or buffer

@@ -1,4 +1,4 @@
-"""Hardening 1: every feature of the ctx contract from many threads at once.
+"""Every feature of the ctx contract from many threads at once.
 
 8 threads each run 500 backward passes through a Function that fuses its
 gradient into ``ctx.input_grad_buffers``, declares its output's gradient dtype
