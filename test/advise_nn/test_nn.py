@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import torch_ctxext
-from support import ROOT
 from torch_ctxext.nn import (FusedEmbedding, FusedEmbeddingFunction, FusedLinear, FusedLinearFunction,
                              FusedLSTMCell, FusedLSTMGatesFunction, fuse)
+from support import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 

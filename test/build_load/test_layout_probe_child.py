@@ -23,7 +23,6 @@ from torch_ctxext._ext import layout_verdict, loader
 from support import python
 
 
-
 def run_script(path, code, cwd, cache=None):
     """Run ``code`` as the script ``path`` (its directory first on its
     path, as Python puts it), in ``cwd``."""

@@ -31,10 +31,6 @@ needs_extension = pytest.mark.skipif(not BACKPORTED, reason="the running torch n
 FEATURES = "import json, torch_ctxext; print(json.dumps(torch_ctxext.features()))"
 
 
-def run(code, **env):
-    return python(code=code, **env)
-
-
 @pytest.fixture
 def copied_build(tmp_path):
     """A cache holding a copy of the loaded build (and nothing else), as the
@@ -155,7 +151,7 @@ def test_a_build_whose_verdict_says_a_structure_differs_gets_none_of_the_members
     library = build / "_C.so"
     record = {**loader.verdict, "found": {"ctx": "the ctx object is 8 bytes larger in the headers"}}
     layout_verdict.write(str(build / layout_verdict.verdict_name(str(library))), record)
-    result = run(FEATURES + "\nfrom torch.autograd.function import FunctionCtx\nprint(hasattr(FunctionCtx, 'input_grad_buffers'))",
+    result = python(code=FEATURES + "\nfrom torch.autograd.function import FunctionCtx\nprint(hasattr(FunctionCtx, 'input_grad_buffers'))",
                  TORCH_CTXEXT_CACHE=cache)
     assert result.returncode == 0, result.stderr
     features = json.loads(result.stdout.splitlines()[0])
@@ -172,12 +168,12 @@ def test_a_verdict_that_cannot_be_read_is_made_again_and_kept(copied_build, cont
     cache, build = copied_build
     path = build / layout_verdict.verdict_name(str(build / "_C.so"))
     path.write_text(content)
-    first = run(FEATURES, TORCH_CTXEXT_CACHE=cache)
+    first = python(code=FEATURES, TORCH_CTXEXT_CACHE=cache)
     assert first.returncode == 0, first.stderr
     assert "verifying that its extension reads the structures of torch" in first.stderr
     assert {m: s for m, s in json.loads(first.stdout).items() if m in BACKPORTED} == {m: "torch_ctxext" for m in BACKPORTED}
     assert json.loads(path.read_text())["found"] == {}
-    again = run(FEATURES, TORCH_CTXEXT_CACHE=cache)
+    again = python(code=FEATURES, TORCH_CTXEXT_CACHE=cache)
     assert again.returncode == 0 and again.stderr == "", again.stderr
 
 
@@ -187,7 +183,7 @@ def test_a_build_without_a_verdict_gets_one_at_its_first_import_kept_beside_it(c
     otherwise, test_first_import.py.)"""
     cache, build = copied_build
     assert glob.glob(str(build / "layout-*.json")) == []
-    first = run(FEATURES, TORCH_CTXEXT_CACHE=cache)
+    first = python(code=FEATURES, TORCH_CTXEXT_CACHE=cache)
     assert first.returncode == 0, first.stderr
     (verdict,) = glob.glob(str(build / "layout-*.json"))
     assert os.path.basename(verdict) == layout_verdict.verdict_name(str(build / "_C.so"))

@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from test_layout_verdict import BACKPORTED, FEATURES, copied_build, run  # noqa: F401  (copied_build: a fixture)
+from support import python
+from test_layout_verdict import BACKPORTED, FEATURES, copied_build  # noqa: F401  (copied_build: a fixture)
 from torch_ctxext._ext import layout_verdict, loader
 
 needs_boxed_path = pytest.mark.skipif(
@@ -35,7 +36,7 @@ def test_a_damaged_vtable_offset_is_probed_again_not_a_crash(copied_build, damag
     record = json.loads(json.dumps(loader.verdict))
     record["facts"]["pynode_vtable_offset"] = damaged_offsets()[damage]
     path.write_text(json.dumps(record))
-    result = run(FEATURES, TORCH_CTXEXT_CACHE=cache)
+    result = python(code=FEATURES, TORCH_CTXEXT_CACHE=cache)
     assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-2000:]}"
     assert "verifying that its extension reads the structures" in result.stderr
     features = json.loads(result.stdout)

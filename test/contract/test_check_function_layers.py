@@ -4,8 +4,6 @@ families stand on one core, never on each other (torch_ctxext/testing/_core.py).
 """
 import ast
 import pathlib
-import subprocess
-import sys
 import textwrap
 
 import torch_ctxext
@@ -59,7 +57,7 @@ def test_import_torch_ctxext_loads_neither_the_checker_nor_explain_nor_advise_no
 
 
 def test_the_explain_context_manager_and_the_checker_work_when_loaded_by_attribute():
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(
+    result = python(code=(
         """
         import torch
         import torch_ctxext
@@ -70,7 +68,7 @@ def test_the_explain_context_manager_and_the_checker_work_when_loaded_by_attribu
         print(type(report).__name__)
         print(type(torch_ctxext.testing.check_function).__name__)
         """
-    )], capture_output=True, text=True)
+    ))
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["BufferReport", "function"]
 

@@ -10,8 +10,6 @@ native must be a one-line change.
 import glob
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +17,7 @@ import torch
 import torch_ctxext
 from torch_ctxext import _features, _releases
 from torch_ctxext._ext import loader as _extension
-from support import ROOT
+from support import ROOT, python
 
 CSRC = os.path.join(ROOT, "csrc")
 HEADER = os.path.join(CSRC, "engine_layout.h")
@@ -120,7 +118,7 @@ def test_setup_py_and_run_sh_read_the_releases_from_the_release_facts():
         ("reference", _releases.REFERENCE),
         ("requirement", _releases.requirement()),
     ):
-        result = subprocess.run([sys.executable, _releases.__file__, fact], capture_output=True, text=True)
+        result = python(_releases.__file__, fact)
         assert result.returncode == 0 and result.stdout.strip() == expected
     run_sh = open(os.path.join(ROOT, "tools", "run.sh")).read()
     assert not re.search(r"\breleases=\(2\.", run_sh) and "facts releases" in run_sh

@@ -1,17 +1,10 @@
 """docs/contract-tests.md is generated from the suite and kept current."""
 import os
-import subprocess
-import sys
-from support import ROOT
-
+from support import ROOT, python
 
 
 def test_the_contract_table_in_docs_is_current():
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", "contract_table.py"), "--check"],
-        capture_output=True,
-        text=True,
-    )
+    result = python(os.path.join(ROOT, "tools", "contract_table.py"), "--check", timeout=600)
     assert result.returncode == 0, result.stdout
 
 

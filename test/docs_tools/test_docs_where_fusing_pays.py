@@ -1,13 +1,12 @@
 """docs/where-fusing-pays.md shows each model's report as a user sees it:
 what examples/where_fusing_pays.py prints (tools/advice_page.py)."""
 import os
-import subprocess
 import sys
 
 import pytest
 
 import torch_ctxext
-from support import ROOT
+from support import ROOT, python
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -21,8 +20,7 @@ from where_fusing_pays import MODELS  # noqa: E402
     "None whose buffer is shared reads 'reason needs torch_ctxext's extension' "
     "(docs/checking-your-function.md), so ALBERT's fused report differs there in that one reason")
 def test_the_reports_shown_on_where_fusing_pays_are_what_the_code_prints():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "advice_page.py"), "--check"],
-                            capture_output=True, text=True)
+    result = python(os.path.join(ROOT, "tools", "advice_page.py"), "--check", timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
 
 
@@ -44,8 +42,7 @@ def test_a_stale_report_is_found(tmp_path, monkeypatch):
 @pytest.mark.skipif(not advice_page.HAS_TRANSFORMERS,
                     reason="transformers is not installed (a test-only dependency: tools/run.sh installs it for CI)")
 def test_the_real_models_reports_are_checked_and_shown():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "advice_page.py"), "--check"],
-                            capture_output=True, text=True)
+    result = python(os.path.join(ROOT, "tools", "advice_page.py"), "--check", timeout=1800)
     assert "not checked" not in result.stdout
     with open(advice_page.PAGE) as f:
         shown = {m["args"] for m in advice_page.BLOCK.finditer(f.read())}

@@ -191,8 +191,7 @@ def as_wheel(site, path):
 def test_wheel_verdicts_adds_the_verdict_the_installed_binary_reads_at_its_first_import(tmp_path):
     wheel = as_wheel(binary_install(tmp_path / "made", [this_torch(python="cpython-0"), this_torch()]),
                      tmp_path / "torch_ctxext-0.0.0-cp0-cp0-linux_x86_64.whl")
-    done = subprocess.run([sys.executable, os.path.join(TOOLS, "wheel_verdicts.py"), str(wheel)],
-                          capture_output=True, text=True, timeout=300)
+    done = python(os.path.join(TOOLS, "wheel_verdicts.py"), wheel)
     assert done.returncode == 0, done.stdout + done.stderr
     # The name the loaded binary computes here: the key is the binary's and
     # this torch's, wherever the binary lies.
@@ -216,8 +215,7 @@ def test_wheel_verdicts_refuses_a_wheel_without_a_binary_for_this_torch_and_leav
     wheel = as_wheel(binary_install(tmp_path / "made", [this_torch(git="0" * 40)]),
                      tmp_path / "torch_ctxext-0.0.0-cp0-cp0-linux_x86_64.whl")
     before = wheel.read_bytes()
-    done = subprocess.run([sys.executable, os.path.join(TOOLS, "wheel_verdicts.py"), str(wheel)],
-                          capture_output=True, text=True, timeout=300)
+    done = python(os.path.join(TOOLS, "wheel_verdicts.py"), wheel)
     assert done.returncode == 1
     assert f"carries no binary for torch {torch.__version__}" in done.stdout
     assert wheel.read_bytes() == before

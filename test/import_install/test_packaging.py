@@ -14,11 +14,6 @@ from torch_ctxext import _features, _releases
 from support import python
 
 
-
-def run_python(code, **env):
-    return python(code=code, **env)
-
-
 def test_features_names_every_member_of_the_contract_and_who_provides_it():
     features = torch_ctxext.features()
     assert list(features) == list(_features.MEMBERS)
@@ -50,7 +45,7 @@ def test_members_torch_lacks_are_provided_by_torch_ctxext_and_native_ones_untouc
             assert torch.autograd.Function.__dict__["apply"] is apply_before
         print("ok")
     """
-    result = run_python(code)
+    result = python(code=code)
     assert result.stdout.strip() == "ok", result.stderr
 
 
@@ -82,7 +77,7 @@ def test_info_prints_the_torch_version_the_build_and_every_member():
 
 
 def test_an_unsupported_torch_is_refused_at_import_naming_the_supported_releases():
-    result = run_python(
+    result = python(code=
         """
         import torch
         torch.__version__ = "2.5.1"
@@ -119,7 +114,7 @@ def test_the_extension_refuses_to_load_against_another_torch_build(tmp_path):
     )
     if not list(copy.glob("_C*")):  # installed from source: the build is in the cache
         (copy / ("_C" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"")
-    result = run_python(
+    result = python(code=
         "import torch_ctxext", PYTHONPATH=str(tmp_path), TORCH_CTXEXT_JIT="0",
         TORCH_CTXEXT_CACHE=str(tmp_path / "cache"),
     )
@@ -174,7 +169,7 @@ def test_the_reentrancy_guard_is_placed_by_the_first_exposure_and_again_if_remov
         Variable._execution_engine = plain  # e.g. a library resetting it
         (F.apply(x).sum() + (x * 3).sum()).backward()
     """
-    result = run_python(code)
+    result = python(code=code)
     assert result.returncode == 0, result.stderr
     message = (
         "Calling backward or grad reentrantly after accessing a non-None "
