@@ -14,6 +14,7 @@ with :func:`reap`, whatever the test's outcome.
 This module imports neither torch nor torch_ctxext: tests about what the
 first import does to a process import it before either.
 """
+import glob
 import importlib.util
 import os
 import signal
@@ -21,6 +22,8 @@ import subprocess
 import sys
 import textwrap
 import time
+
+import pytest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))  # the shared helper modules live here
 ROOT = os.path.dirname(TESTS)  # the checkout: its tools/, docs/, examples/, benchmarks/
@@ -36,6 +39,16 @@ def _importable_from():
 
 
 PACKAGE_PARENT = _importable_from()
+PACKAGE = os.path.join(PACKAGE_PARENT, "torch_ctxext")
+# How the copy under test was installed: one that carries a compiled
+# extension of its own (built in place, as without build isolation with a
+# compiler at hand; a binary wheel's _binaries/) loads it, and its import
+# builds nothing; a sources-only copy (a checkout, pip's default install)
+# builds at its first import. Tests of the build at import need the latter.
+CARRIES_ITS_OWN_BUILD = bool(glob.glob(os.path.join(PACKAGE, "_C*.so"))) or os.path.isdir(
+    os.path.join(PACKAGE, "_binaries"))
+needs_a_sources_only_copy = pytest.mark.skipif(
+    CARRIES_ITS_OWN_BUILD, reason="this copy of torch_ctxext carries its own build: its import builds nothing")
 
 
 def _scrubbed(name):

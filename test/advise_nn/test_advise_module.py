@@ -15,7 +15,7 @@ import torch
 
 import torch_ctxext
 from torch_ctxext._ext import advise_module, build_cache, loader
-from support import python
+from support import ROOT, python
 
 ALL_NATIVE = all(status == "native" for status in torch_ctxext.features().values())
 all_native = pytest.mark.skipif(
@@ -23,7 +23,7 @@ all_native = pytest.mark.skipif(
 
 
 def run(code, **env):
-    done = python(code=code, **env)
+    done = python(code=code, path=[ROOT], **env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -78,7 +78,7 @@ def test_without_a_build_advise_watches_in_python_and_says_how_to_make_one(tmp_p
     assert seen["after"] == []
     assert "advise() watches in Python (`python -m torch_ctxext build` makes one)" in seen["choice"]
     assert (seen["temporaries"], seen["summed"]) == (2, 1)  # the same report
-    info = python("-m", "torch_ctxext", "info", TORCH_CTXEXT_CACHE=tmp_path)
+    info = python("-m", "torch_ctxext", "info", PYTHONPATH=ROOT, TORCH_CTXEXT_CACHE=tmp_path)
     assert "advise watch   Python: no build of advise()'s C++ watch" in info.stdout
     assert not os.listdir(tmp_path) or os.listdir(tmp_path) == ["builds"] and not os.listdir(tmp_path / "builds")
 

@@ -177,7 +177,7 @@ def test_fuse_never_imports_transformers():
     script = ("import sys, torch, torch_ctxext.nn as n\n"
               "n.fuse(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Embedding(3, 2)))\n"
               "assert 'transformers' not in sys.modules, 'imported'\n")
-    done = python(code=script, timeout=120)
+    done = python(code=script, timeout=120, path=[ROOT])
     assert done.returncode == 0, done.stderr[-2000:]
 
 

@@ -30,7 +30,7 @@ import time
 
 import pytest
 import torch
-from support import python, reap, start_python, wait_until
+from support import CARRIES_ITS_OWN_BUILD, python, reap, start_python, wait_until
 
 ANNOUNCE = "torch_ctxext: building its C++ extension for torch"
 FEATURES = """
@@ -40,14 +40,12 @@ print(json.dumps(torch_ctxext.features()))
 _PACKAGE = os.path.dirname(importlib.util.find_spec("torch_ctxext").origin)
 # The release facts, read by path (this process never imports torch_ctxext).
 _RELEASES = runpy.run_path(os.path.join(_PACKAGE, "_releases.py"))
-# The members torch_ctxext adds to the running torch (everything on 2.15 is native).
-# And a copy installed from source (what pip installs without build
-# isolation, and CI): one that carries its own build (compiled in place, the
-# sanitizers' copy; a wheel) never builds at first import.
-_CARRIES_ITS_OWN_BUILD = bool(glob.glob(os.path.join(_PACKAGE, "_C*.so")))
+# The members torch_ctxext adds to the running torch (everything on 2.15 is
+# native), and a sources-only copy: one that carries its own build (compiled
+# in place, the sanitizers' copy; a wheel) never builds at first import.
 NEEDS_EXTENSION = pytest.mark.skipif(
     all(_RELEASES["native"](member, torch.__version__) for member in _RELEASES["NATIVE_FROM"])
-    or _CARRIES_ITS_OWN_BUILD,
+    or CARRIES_ITS_OWN_BUILD,
     reason="the running torch needs no extension, or this copy of torch_ctxext carries its own build",
 )
 

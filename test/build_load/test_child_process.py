@@ -247,7 +247,7 @@ def test_info_says_how_children_are_started():
         child.how = "subprocess (posix_spawn refused: Operation not permitted)"
         main(["info"])
     """)
-    completed = python(code=code)
+    completed = python(code=code, PYTHONPATH=ROOT)
     assert completed.returncode == 0, completed.stderr
     lines = [line for line in completed.stdout.splitlines() if line.startswith("children ")]
     assert lines == [
@@ -270,7 +270,7 @@ def test_a_build_process_that_cannot_start_names_its_errno_and_no_log_that_was_n
             import torch_ctxext
         print([str(w.message) for w in caught if w.category is torch_ctxext.ExtensionUnavailableWarning][0])
     """)
-    completed = python(code=code, TORCH_CTXEXT_CACHE=tmp_path / "cache")
+    completed = python(code=code, PYTHONPATH=ROOT, TORCH_CTXEXT_CACHE=tmp_path / "cache")
     assert completed.returncode == 0, completed.stderr
     said = completed.stdout.strip()
     assert "its build process could not start" in said and "errno 2" in said, said

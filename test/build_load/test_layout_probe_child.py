@@ -20,14 +20,14 @@ import pytest
 
 from test_layout_verdict import BACKPORTED, FEATURES, copied_build, needs_extension  # noqa: F401  (copied_build: a fixture)
 from torch_ctxext._ext import layout_verdict, loader
-from support import python
+from support import ROOT, python
 
 
 def run_script(path, code, cwd, cache=None):
     """Run ``code`` as the script ``path`` (its directory first on its
     path, as Python puts it), in ``cwd``."""
     path.write_text(textwrap.dedent(code))
-    return python(path, cwd=cwd, TORCH_CTXEXT_CACHE=cache)
+    return python(path, cwd=cwd, PYTHONPATH=ROOT, TORCH_CTXEXT_CACHE=cache)  # this checkout's, whatever the cwd
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_the_probe_status_is_read_right_whatever_the_importer_does_with_sigchld(
     helper child.run starts it through, never for the probe itself."""
     script = tmp_path / "importer.py"
     script.write_text(PROBES_UNDER)
-    result = python(script, sigchld, crashing_library, loader.loaded.path)
+    result = python(script, sigchld, crashing_library, loader.loaded.path, PYTHONPATH=ROOT)
     assert result.returncode == 0, result.stderr
     said = json.loads(result.stdout.splitlines()[-1])
     crash = said["answers"][str(crashing_library)]

@@ -56,7 +56,7 @@ def _plugin(cwd):
 
 
 def run(args, cwd, **env):
-    return python(*args, cwd=cwd, timeout=600, **env)
+    return python(*args, cwd=cwd, timeout=600, path=[ROOT], **env)
 
 
 def test_check_runs_the_suite_without_the_callers_conftest_ini_or_pytest_addopts(tmp_path):

@@ -19,7 +19,7 @@ needs_extension = pytest.mark.skipif(
 
 
 def cli(*args, **env):
-    return python("-m", "torch_ctxext", *args, timeout=600, **env)
+    return python("-m", "torch_ctxext", *args, timeout=600, path=[ROOT], **env)
 
 
 def without_a_build(tmp_path):

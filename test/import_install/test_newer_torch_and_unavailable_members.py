@@ -21,7 +21,7 @@ import os
 import pytest
 
 from install_env import failing_compiler
-from support import python
+from support import ROOT, python
 
 NEWER_VERSIONS = ["2.16.0", "2.16.0a0+git1234abc"]
 
@@ -52,7 +52,7 @@ print(json.dumps({
 
 
 def _python(code, *args, timeout=600, **env):
-    return python(*args, code=code, timeout=timeout, **env)
+    return python(*args, code=code, timeout=timeout, PYTHONPATH=ROOT, **env)
 
 
 @pytest.mark.parametrize("version", NEWER_VERSIONS)
