@@ -6,7 +6,8 @@ fork, an exit) starts it with :func:`python` or :func:`start_python`: the
 child sees none of this test run's ``TORCH_CTXEXT_*`` or ``PYTHON*``
 settings (nor ``CXX``), only what the test gives it, and imports the same
 torch_ctxext as the test process (the directory it was found in is on the
-child's ``PYTHONPATH``), whether that is a checkout or an install. A test
+child's ``PYTHONPATH``, unless the test names another), whether that is a
+checkout or an install. A test
 that waits for something another process does calls :func:`wait_until`,
 which fails naming what never happened; a child a test started is ended
 with :func:`reap`, whatever the test's outcome.
@@ -22,8 +23,6 @@ import subprocess
 import sys
 import textwrap
 import time
-
-import pytest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))  # the shared helper modules live here
 ROOT = os.path.dirname(TESTS)  # the checkout: its tools/, docs/, examples/, benchmarks/
@@ -44,11 +43,9 @@ PACKAGE = os.path.join(PACKAGE_PARENT, "torch_ctxext")
 # extension of its own (built in place, as without build isolation with a
 # compiler at hand; a binary wheel's _binaries/) loads it, and its import
 # builds nothing; a sources-only copy (a checkout, pip's default install)
-# builds at its first import. Tests of the build at import need the latter.
+# builds at its first import. The tests of the build at import need the latter.
 CARRIES_ITS_OWN_BUILD = bool(glob.glob(os.path.join(PACKAGE, "_C*.so"))) or os.path.isdir(
     os.path.join(PACKAGE, "_binaries"))
-needs_a_sources_only_copy = pytest.mark.skipif(
-    CARRIES_ITS_OWN_BUILD, reason="this copy of torch_ctxext carries its own build: its import builds nothing")
 
 
 def _scrubbed(name):
