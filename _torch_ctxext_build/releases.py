@@ -102,7 +102,7 @@ BOUNDARIES = (
 
 # How torch.utils.cpp_extension compiles an extension on each release, which
 # torch_ctxext's own ninja file (compile.py) repeats without importing it
-# (test/test_build_paths.py compares the two on the running torch):
+# (test/build_load/test_build_paths.py compares the two on the running torch):
 # the C++ standard, and the ABI defines it passes (the C++ ABI of the
 # standard library, pybind11's ABI strings, both read from torch._C).
 CPP_EXTENSION = {

@@ -88,7 +88,7 @@
 //   branches on torch's own macro for that.)
 //
 // Each boundary: NAME (the newest release on its old side), the files whose
-// #if branches on it, what the old side does. test/test_release_facts.py
+// #if branches on it, what the old side does. test/contract/test_release_facts.py
 // checks that this names every boundary of _releases.py, with its release and
 // exactly the files that branch on it.
 

@@ -65,7 +65,7 @@ inline int count = 0;
 inline bool overflowed = false;
 inline bool handlers_installed = false;  // by install_fork_handlers, under the GIL
 
-// A test-only hook (test/test_hardening_fork.py): the next acquisition of
+// A test-only hook (test/hardening/test_hardening_fork.py): the next acquisition of
 // `park_target` made without the GIL holds the lock for up to park_ms, or
 // until released, so that a test can fork while an engine thread is inside
 // the locked region, deterministically. One relaxed load per lock otherwise.

@@ -116,7 +116,7 @@ void translate_not_a_ctx_error(std::exception_ptr p) {
 // What the process holds because of this library: the process-global locks
 // the engine takes without the GIL, each made fork-safe (fork_safety.h); for
 // tests, a hook that parks the next GIL-free acquisition of one inside its
-// region, so that a test can fork right then (test/test_hardening_fork.py),
+// region, so that a test can fork right then (test/hardening/test_hardening_fork.py),
 // and whether this thread has functorch's thread-local state: once it
 // exists, every graph task and every captured ThreadLocalState deep-copies
 // it (about 1.2k instructions and two allocations more per forward+backward

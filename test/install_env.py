@@ -17,8 +17,8 @@ import sys
 import pytest
 
 import torch_ctxext
+from support import ROOT, clean_env, run  # noqa: F401  (the tests import them from here too)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "csrc", "*.[ch]*")))
 # The members torch_ctxext adds to this torch with its C++ extension.
 BACKPORTED = [m for m, s in torch_ctxext.features().items() if s != "native"]
@@ -28,20 +28,6 @@ ANNOUNCE = "torch_ctxext: building its C++ extension for torch"
 LOADED = "import torch_ctxext, torch_ctxext._ext.loader as e; print(e.loaded.origin, e.loaded.path)"
 
 
-def clean_env(**extra):
-    """The environment of a fresh shell: none of this test run's settings."""
-    env = {
-        k: v for k, v in os.environ.items()
-        if k not in ("PYTHONPATH", "CXX") and not k.startswith("TORCH_CTXEXT_")
-    }
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def run(args, timeout=300, **env):
-    return subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, cwd="/", env=clean_env(**env), timeout=timeout
-    )
 
 
 class UserEnv:

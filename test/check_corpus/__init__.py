@@ -2,7 +2,7 @@
 each with the verdict an expert gives it: which rules the checker must
 report failed (none for a correct Function) and which it must note.
 
-Written for torch_ctxext's own tests (test/test_check_corpus.py) and the
+Written for torch_ctxext's own tests (test/contract/test_check_corpus.py) and the
 checker's time benchmark (benchmarks/bench_check_function.py); nothing here
 is copied from the projects whose style it follows.
 """

@@ -94,7 +94,7 @@ def input_grad(g, w_x, shape, x_buf, column_major=False):
         if x_buf.dim() == 2 and x_buf.t().is_contiguous():
             x_buf.t().addmm_(w_x.t(), g.t())
             return None
-    if column_major:
+    if column_major and not torch.is_grad_enabled():  # (out= is not differentiable: create_graph=True)
         product = torch.empty_strided(shape, (1, shape[0]), dtype=g.dtype, device=g.device)
         return torch.mm(g, w_x, out=product)
     product = g.mm(w_x)

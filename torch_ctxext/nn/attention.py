@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from ._buffers import readable_buffers
-from ._matmul import backward as matmul_backward
+from ._matmul import linear_grads
 from .linear import FusedLinearFunction
 
 __all__ = ["FusedMultiheadAttention", "FusedProjectionFunction"]
@@ -60,8 +60,12 @@ class FusedProjectionFunction(FusedLinearFunction):
 
     @staticmethod
     def backward(ctx, grad_out):
-        _, w_buf, b_buf = readable_buffers(ctx, ctx.fuse)[:3]
-        return matmul_backward(ctx, grad_out, (None, w_buf, b_buf), stored_out_in=True)
+        x, weight = ctx.saved_tensors
+        fuse, has_bias, shape, dtype, column_major = ctx.linear  # as FusedLinearFunction.forward stores them
+        _, w_buf, b_buf = readable_buffers(ctx, fuse)[:3]
+        needs = ctx.needs_input_grad
+        return (*linear_grads(grad_out, x, weight, (needs[0], needs[1], has_bias and needs[2]), (None, w_buf, b_buf),
+                              True, shape, dtype, column_major), None)
 
 
 def _linear(x, weight, bias, fuse):

@@ -8,7 +8,7 @@ modules named with an underscore (``_common``, ``_compare``, ``_jacobian``,
 ``_subject``, ...) and ``report``. On top of it, the rule families, one
 module per family (``forward``, ``gradients``, ``forward_ad``, ...): a
 family imports only from the machinery, never from another family
-(test/test_check_function_layers.py checks it).
+(test/contract/test_check_function_layers.py checks it).
 """
 import time
 

@@ -1,0 +1,202 @@
+"""The first import, the one that builds, leaves the process as ``import torch`` does.
+
+A first import (an empty build cache: a source install, the first job after a
+torch upgrade) builds the extension. Everything of the build happens in a
+child process (_torch_ctxext_build/build_child.py); the importer only starts it
+and reads its answer. So, compared with the same process before the import:
+
+* the same threads and no child left; every signal's disposition unchanged;
+  ``sys.path``, ``sys.meta_path``, the loggers, ``sys.stdout`` and
+  ``sys.stderr`` the same objects; no ``torch.utils.cpp_extension``,
+  setuptools or distutils imported;
+* what the importer's other threads print while it builds reaches its
+  stdout, none of it the build log;
+* no ResourceWarning;
+* an importer whose SIGCHLD is ignored, or handled by a handler that reaps
+  every child, builds as any other (the handler runs at most once for each
+  child the import starts, the helper of ``_torch_ctxext_build/child.py``, never for the
+  build's own processes), and every status is read right: a build killed
+  by a signal is said so, not "status 0".
+
+Each case runs a fresh interpreter with a build cache of its own; each
+builds (20 s or more on 2 cores).
+"""
+import json
+import signal
+import textwrap
+
+import pytest
+
+from test_build_lock import NEEDS_EXTENSION, compiler
+from support import python
+
+STATE = r"""
+import logging, os, signal, sys, threading
+def parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError):
+        return None
+def state():
+    return {
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "os threads": len(os.listdir("/proc/self/task")),
+        "children": sorted(int(e) for e in os.listdir("/proc") if e.isdigit() and parent_of(e) == os.getpid()),
+        "signals": {s.name: repr(signal.getsignal(s)) for s in signal.Signals
+                    if s not in (signal.SIGKILL, signal.SIGSTOP)},
+        "sys.path": list(sys.path),
+        # (less the finder the boxed-grads member places on torch 2.6 to 2.12 until
+        # compiled autograd is imported: the member's install, not the build)
+        "sys.meta_path": [repr(f) for f in sys.meta_path if "_PatchOnImport" not in repr(f)],
+        "loggers": sorted(logging.Logger.manager.loggerDict),
+        "stdout": id(sys.stdout), "stderr": id(sys.stderr),
+        "build modules": sorted(m for m in sys.modules if m.split(".")[0] in ("setuptools", "distutils")
+                                or m.startswith("torch.utils.cpp_extension")),
+    }
+"""
+
+
+def first_import(tmp_path, code, env=None, prelude=""):
+    """``code`` in a fresh interpreter whose build cache is empty: its stdout
+    and stderr (the interpreter exits non-zero if ``code`` raises)."""
+    completed = python("-W", "always::ResourceWarning", "-X", "tracemalloc=5", "-c",
+                       STATE + textwrap.dedent(prelude) + textwrap.dedent(code),
+                       timeout=900, cwd=tmp_path, TORCH_CTXEXT_CACHE=tmp_path / "cache", **(env or {}))
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed
+
+
+def _answer(completed):
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@NEEDS_EXTENSION
+def test_a_building_first_import_leaves_the_process_as_it_found_it(tmp_path):
+    completed = first_import(tmp_path, """
+        import json, time
+        import torch
+        printed = []
+        def chatter(stop):
+            while not stop.is_set():
+                print("chatter", len(printed), flush=True)
+                printed.append(1)
+                time.sleep(0.05)
+        stop = threading.Event()
+        thread = threading.Thread(target=chatter, args=(stop,), name="chatter")
+        thread.start()
+        time.sleep(0.2)
+        before = state()
+        import torch_ctxext
+        after = state()
+        stop.set()
+        thread.join()
+        print(json.dumps({"before": before, "after": after, "printed": len(printed),
+                          "features": torch_ctxext.features()}))
+    """)
+    answer = _answer(completed)
+    assert "building its C++ extension" in completed.stderr  # this import built
+    assert set(v for k, v in answer["features"].items() if k in ("input_grad_buffers", "set_output_grad_dtype")) == {"torch_ctxext"}
+    before, after = answer["before"], answer["after"]
+    for what in before:
+        assert after[what] == before[what], what
+    assert before["build modules"] == []
+    # What the other thread printed while the import built reached stdout, all of it.
+    chatter = [line for line in completed.stdout.splitlines() if line.startswith("chatter ")]
+    assert len(chatter) == answer["printed"] > 20
+    (log,) = (tmp_path / "cache" / "builds").glob("*.log")
+    assert "chatter" not in log.read_text()
+    assert "ResourceWarning" not in completed.stderr
+
+
+REAPER = """
+import signal, os
+handled = []
+def reap(signum, frame):
+    handled.append(signum)
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+"""
+SIGCHLD = {
+    "ignored": "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\nhandled = []\n",
+    "reaped by a handler": REAPER + "signal.signal(signal.SIGCHLD, reap)\n",
+}
+
+# What the importer's handler sees of a building import: one SIGCHLD, for the
+# exit of the one child it starts (child.run's helper, which starts the build
+# process and reports its status over a pipe); nothing of the build's own
+# processes. An ignored SIGCHLD runs nothing.
+HELPERS_SEEN = {"ignored": [], "reaped by a handler": [int(signal.SIGCHLD)]}
+
+
+@NEEDS_EXTENSION
+@pytest.mark.parametrize("sigchld", list(SIGCHLD))
+def test_an_importer_whose_sigchld_is_not_the_default_builds_and_sees_only_its_helpers_exit(tmp_path, sigchld):
+    completed = first_import(tmp_path, """
+        import json, torch
+        by_torch = len(handled)  # torch's own children (a CUDA build may run ldconfig), before ours
+        import torch_ctxext
+        print(json.dumps({"features": torch_ctxext.features(), "handled": handled[by_torch:],
+                          "disposition": repr(signal.getsignal(signal.SIGCHLD))}))
+    """, prelude=SIGCHLD[sigchld])
+    answer = _answer(completed)
+    assert "built in" in completed.stderr
+    assert set(v for k, v in answer["features"].items() if k in ("input_grad_buffers", "set_output_grad_dtype")) == {"torch_ctxext"}
+    assert answer["handled"] == HELPERS_SEEN[sigchld]
+
+
+@NEEDS_EXTENSION
+@pytest.mark.parametrize("sigchld", list(SIGCHLD))
+def test_under_such_an_importer_a_killed_build_is_said_killed(tmp_path, sigchld):
+    """Every status is read right: ninja killed by SIGKILL reads as that,
+    not as a build that exited with 0."""
+    killer = compiler(tmp_path, "ninja-killing-c++",
+                      "p=$$; while [ \"$p\" -gt 1 ]; do if [ \"$(cat /proc/$p/comm)\" = ninja ]; then kill -9 $p; break; fi; "
+                      "p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2); done; exit 1")
+    completed = first_import(tmp_path, """
+        import json, torch
+        by_torch = len(handled)  # torch's own children, before ours
+        import torch_ctxext
+        print(json.dumps({"features": torch_ctxext.features(), "handled": handled[by_torch:]}))
+    """, env={"CXX": str(killer)}, prelude=SIGCHLD[sigchld])
+    answer = _answer(completed)
+    reason = answer["features"]["input_grad_buffers"]
+    assert "the build was killed by SIGKILL" in reason, reason
+    assert answer["handled"] == HELPERS_SEEN[sigchld]
+
+
+# What an importer may have as sys.stderr: nothing (fd 2 closed, a
+# pythonw-like service), or a forwarder with write() and flush() alone (a
+# log shipper: no isatty, no fileno).
+STDERRS = {
+    "None": "sys.stderr = None\n",
+    "a write-only forwarder": textwrap.dedent("""
+        class Forwarder:
+            def __init__(self):
+                self.lines = []
+            def write(self, text):
+                self.lines.append(text)
+            def flush(self):  # Python flushes sys.stderr at exit
+                pass
+        sys.stderr = forwarder = Forwarder()
+    """),
+}
+
+
+@NEEDS_EXTENSION
+@pytest.mark.parametrize("stderr", list(STDERRS))
+def test_a_building_first_import_works_with_any_sys_stderr(tmp_path, stderr):
+    completed = first_import(tmp_path, STDERRS[stderr] + textwrap.dedent("""
+        import json
+        import torch_ctxext
+        said = "".join(forwarder.lines) if "forwarder" in globals() else ""
+        print(json.dumps({"features": torch_ctxext.features(), "said": said}))
+    """))
+    answer = _answer(completed)
+    assert answer["features"]["input_grad_buffers"] == "torch_ctxext"
+    if stderr == "a write-only forwarder":  # what the build says reaches it, a line per step
+        assert "torch_ctxext: building its C++ extension" in answer["said"]
+        assert "torch_ctxext: [1/" in answer["said"] and "built in" in answer["said"]
