@@ -42,7 +42,7 @@ def test_a_stale_report_is_found(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not advice_page.HAS_TRANSFORMERS,
-                    reason="transformers is not installed (a test-only dependency: tools/run.sh installs it for CI)")
+                    reason="transformers is not installed (a test-only dependency: tools/run.py installs it for CI)")
 def test_the_real_models_reports_are_checked_and_shown():
     result = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "advice_page.py"), "--check"],
                             capture_output=True, text=True)

@@ -391,7 +391,7 @@ def on_the_device():
     if not BACKPORT:
         pytest.skip("explain()'s accelerator reasons come from torch_ctxext's extension")
     if importlib.util.find_spec("torch_ctxext_testdevice") is None:
-        pytest.skip("the test device is not installed (tools/run.sh installs it)")
+        pytest.skip("the test device is not installed (tools/run.py installs it)")
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(ON_THE_DEVICE)],
         capture_output=True, text=True, timeout=300,

@@ -4,7 +4,9 @@ The one place for these facts. Everything else reads them from here:
 
 * ``setup.py`` (by path, before torch_ctxext can be imported: this module
   imports only the standard library);
-* ``tools/run.sh`` (``python3 torch_ctxext/_releases.py releases``, ...);
+* ``tools/run.py`` (``tools/run_venvs.py``'s ``release_facts``, which imports
+  this file with its folder alone on ``sys.path``); for a shell,
+  ``python3 torch_ctxext/_releases.py releases``, ...;
 * the package: the supported range (``_features``), the sources a build
   compiles (``_ext/sources.py``), the boundary macros the C++ extension is
   compiled with (``csrc/engine_layout.h`` branches on them and exports them
@@ -184,7 +186,7 @@ def all_native(version):
 
 
 def _main(argv):
-    """For tools/run.sh: print one fact, space-separated where it is a list."""
+    """For a shell: print one fact, space-separated where it is a list."""
     facts = {
         "releases": " ".join(RELEASES),
         "ci-releases": " ".join(CI_RELEASES),
