@@ -21,9 +21,10 @@ from run_venvs import ROOT, Venvs, release_facts
 # process (found by running the suite with -n 2): they run in a pass of
 # their own, one test at a time.
 SERIAL = ()
-# The -n 2 options: tests spread one at a time over two workers; a module's
-# fixtures are made once per worker that runs its tests.
-PARALLEL = ("-n", "2", "--dist", "load")
+# The -n 2 options: each test file's tests on one of two workers (a file's
+# tests share its fixtures and run in its order, as in one process); the
+# slowest tests' times go to the log, to see where the time goes.
+PARALLEL = ("-n", "2", "--dist", "loadfile", "--durations", "25")
 PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", ROOT)
 
 USAGE = "usage: python3 tools/run.py check|test|matrix [--keep] [--bench]|docs|wheels [...]|ci"
@@ -106,7 +107,7 @@ class Job:
 
     def venv_for(self, version, background=None):
         """The venv for ``version`` (made here, or by ``background``) with
-        torch_ctxext and the test device installed; return its python."""
+        torch_ctxext and the test device installed; return (what was built, its python)."""
         name = f"venv-{version}"
         if background is not None and background.has(name):
             background.wait(name)
@@ -114,8 +115,8 @@ class Job:
             self.venvs.create(version, log=self.log(name + ".log"))
         venv = self.venvs.dir(version)
         self.venvs.install_sources(venv, log=self.log(f"install-{version}.log"))
-        self.venvs.install_testdevice(venv, log=self.log(f"testdevice-{version}.log"))
-        return self.venvs.python(venv)
+        said = self.venvs.install_testdevice(venv, log=self.log(f"testdevice-{version}.log"))
+        return said, self.venvs.python(venv)
 
     def build_wheels(self, *args):
         """tools/wheels.py ARGS, with ninja from a small venv of its own."""
@@ -248,7 +249,7 @@ def test(job, args):
     background.submit("venv-docs", lambda log: venvs.docs(log=log))
     background.start()
 
-    python = steps.run(f"venv, torch_ctxext and the test device, torch {default}", job.venv_for, default)
+    _, python = steps.run(f"venv, torch_ctxext and the test device, torch {default}", job.venv_for, default)
     steps.run(f"tests of the plugin and the conformance suite: torch {default} + torch_ctxext",
               job.pytest, python, [os.path.join(ROOT, "test"), "--pyargs", "torch_ctxext.conformance"],
               job.log(f"test-{default}.log"), None, SERIAL)
@@ -267,9 +268,9 @@ def test(job, args):
             def native_venv(v=version):
                 background.wait(f"venv-{v}")
                 venv = venvs.dir(v)
-                venvs.install_testdevice(venv, log=job.log(f"testdevice-{v}.log"))
-                return venvs.python(venv)
-            ref_python = steps.run(f"venv and the test device, native torch {version}", native_venv)
+                said = venvs.install_testdevice(venv, log=job.log(f"testdevice-{v}.log"))
+                return said, venvs.python(venv)
+            _, ref_python = steps.run(f"venv and the test device, native torch {version}", native_venv)
             env = {"PYTHONPATH": ROOT}
             steps.together(
                 (f"conformance report: torch {version}", job.report, version, ref_python, env),
@@ -278,7 +279,7 @@ def test(job, args):
             steps.run(f"the import leaves the process as import torch does; the install resolves against this "
                       f"torch: torch {version}", job.import_tests, version, ref_python, env)
             continue
-        python = steps.run(f"venv, torch_ctxext and the test device, torch {version}", job.venv_for, version,
+        _, python = steps.run(f"venv, torch_ctxext and the test device, torch {version}", job.venv_for, version,
                            background)
         steps.together(
             (f"conformance report: torch {version}", job.report, version, python),
@@ -411,7 +412,7 @@ def matrix(job, args):
         bench_python = os.environ.get("TORCH_CTXEXT_BENCH_PYTHON") or venvs.python(venvs.docs(
             log=job.log("venv-docs.log")))
     for version in job.matrix_releases:
-        python = steps.run(f"venv, torch_ctxext and the test device, torch {version}", job.venv_for, version)
+        _, python = steps.run(f"venv, torch_ctxext and the test device, torch {version}", job.venv_for, version)
         steps.together(
             (f"conformance report: torch {version}", job.report, version, python),
             (f"the conformance suite on the test device: torch {version}", job.accelerator_tests, version, python))
