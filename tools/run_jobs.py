@@ -8,6 +8,7 @@ test file by name, it is found by its basename under test/ (any folder).
 import glob
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -492,6 +493,8 @@ def main(argv):
     if not argv or argv[0] not in JOBS:
         sys.stderr.write(USAGE + "\n")
         return 2
+    # A job stopped from outside stops its commands too (the finally below).
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     job = Job()
     try:
         JOBS[argv[0]](job, argv[1:])
