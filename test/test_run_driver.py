@@ -116,9 +116,11 @@ def test_background_tasks_run_two_at_a_time_and_a_failure_is_raised_at_the_wait(
     background.submit("one", meet(first, second))
     background.submit("two", meet(second, first))
     background.submit("three", fails)
+    background.submit("four", lambda log: "four's result")
     background.start()
     background.wait("one")
     background.wait("two")
+    assert background.wait("four") == "four's result" and background.seconds("four") >= 0
     with pytest.raises(run_steps.Failed, match="three failed: no such torch"):
         background.wait("three")
 
@@ -167,3 +169,21 @@ def test_files_that_cannot_share_the_machine_run_alone_after_the_parallel_pass(m
     calls.clear()
     run_jobs.Job.pytest(None, "python", [alone], str(tmp_path / "log"), serial=["test_release_facts.py"])
     assert calls == [serial]
+
+
+def test_the_snapshot_a_background_build_reads_is_the_tree_without_its_build_outputs_and_with_its_times(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_CTXEXT_CACHE", str(tmp_path))
+    job = run_jobs.Job()
+    try:
+        copy = job.snapshot()
+    finally:
+        os.rmdir(job.out)
+    assert copy == str(tmp_path / "sources")
+    for name in (".git", "build", "dist", "torch_ctxext.egg-info"):
+        assert not os.path.exists(os.path.join(copy, name)), name
+    for path in ("setup.py", os.path.join("csrc", "module.cpp"), os.path.join("tools", "wheels.py")):
+        original = os.path.join(ROOT, path)
+        assert os.stat(os.path.join(copy, path)).st_mtime == os.stat(original).st_mtime, path
+    assert sorted(os.listdir(os.path.join(copy, "csrc"))) == sorted(
+        n for n in os.listdir(os.path.join(ROOT, "csrc")) if n != "__pycache__")

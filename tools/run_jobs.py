@@ -119,11 +119,23 @@ class Job:
         said = self.venvs.install_testdevice(venv, log=self.log(f"testdevice-{version}.log"))
         return said, self.venvs.python(venv)
 
-    def build_wheels(self, *args):
-        """tools/wheels.py ARGS, with ninja from a small venv of its own."""
+    def build_wheels(self, *args, root=ROOT):
+        """tools/wheels.py ARGS (of the tree at ``root``), with ninja from a small venv of its own."""
         python = self.venvs.wheel_builder(log=self.log("venv-wheels.log"))
-        return command([python, os.path.join(ROOT, "tools", "wheels.py")] + list(args),
+        return command([python, os.path.join(root, "tools", "wheels.py")] + list(args),
                        log=self.log("wheels-" + "-".join(a.strip("-") for a in args[:4]) + ".log"))
+
+    def snapshot(self):
+        """A copy of the source tree without its build outputs, always at the
+        same place in the cache (with the files' times: ninja compiles again
+        only what changed): what a build in the background reads, so that it
+        never writes into the tree while a step installs from it."""
+        copy = os.path.join(self.cache, "sources")
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
+            ".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "_build_info.py", ".venv*", ".hypothesis",
+            ".pytest_cache"))
+        return copy
 
     def wheel_check(self, version, python_version, dist, background=None):
         """The binary wheel for ``python_version`` in a venv of its own, as a user
@@ -248,6 +260,18 @@ def test(job, args):
         background.submit(os.path.basename(venv),
                           lambda log, v=version, p=python_version, d=venv: venvs.create(v, p, d, log=log))
     background.submit("venv-docs", lambda log: venvs.docs(log=log))
+    # The binary wheels, as users install them (tools/wheels.py): CPython 3.11
+    # with this machine's CPU build of the default release, 3.13 with PyPI's
+    # (CUDA) build of it, 3.10 with PyPI's oldest. Built from a copy of the
+    # tree, in the background.
+    dist = job.log("dist")
+    sources = job.snapshot()
+
+    def build_wheels(log):
+        return (last_lines(job.build_wheels("--python", ",".join(main_wheel_versions), "--torch", default,
+                                            "--out", dist, root=sources), 4) + "\n"
+                + last_lines(job.build_wheels("--python", "3.10", "--torch", oldest, "--out", dist, root=sources), 3))
+    background.submit("wheels", build_wheels)
     background.start()
 
     _, python = steps.run(f"venv, torch_ctxext and the test device, torch {default}", job.venv_for, default)
@@ -304,14 +328,9 @@ def test(job, args):
         print(f"== skipped: the differential check and the tests on native {reference} "
               "(not among TORCH_CTXEXT_CI_RELEASES)")
 
-    # The binary wheels, as users install them (tools/wheels.py): CPython 3.11
-    # with this machine's CPU build of the default release, 3.13 with PyPI's
-    # (CUDA) build of it, 3.10 with PyPI's oldest.
-    dist = job.log("dist")
-    steps.run(f"binary wheels (tools/wheels.py): CPython {' and '.join(main_wheel_versions)} for torch {default}, "
-              f"3.10 for torch {oldest}", lambda: last_lines(job.build_wheels(
-                  "--python", ",".join(main_wheel_versions), "--torch", default, "--out", dist), 4) + "\n"
-              + last_lines(job.build_wheels("--python", "3.10", "--torch", oldest, "--out", dist), 3))
+    steps.run(f"binary wheels (tools/wheels.py, built in the background): CPython "
+              f"{' and '.join(main_wheel_versions)} for torch {default}, 3.10 for torch {oldest}",
+              lambda: background.wait("wheels") + f"\n({background.seconds('wheels'):.0f} s in the background)")
     steps.run(f"the binary wheel, CPython 3.11, torch {default}: installed alone, imported and checked without "
               "a compiler", lambda: job.wheel_check(default, "3.11", dist, background)[0])
     for version, python_version in ((default, "3.13"), (oldest, "3.10")):

@@ -181,7 +181,7 @@ class Background:
         self._started = False
 
     def submit(self, name, function):
-        entry = {"function": function, "done": threading.Event(), "error": None, "seconds": 0.0,
+        entry = {"function": function, "done": threading.Event(), "error": None, "result": None, "seconds": 0.0,
                  "log": os.path.join(self.out, name.replace(" ", "-") + ".log")}
         assert not self._started, "every task is submitted before start()"
         self._tasks[name] = entry
@@ -201,7 +201,7 @@ class Background:
                 entry = self._tasks[name]
             t0 = time.monotonic()
             try:
-                entry["function"](entry["log"])
+                entry["result"] = entry["function"](entry["log"])
             except BaseException as error:
                 entry["error"] = error
             entry["seconds"] = time.monotonic() - t0
@@ -211,9 +211,13 @@ class Background:
         return name in self._tasks
 
     def wait(self, name):
-        """Wait for the task ``name``; return the seconds it ran."""
+        """Wait for the task ``name``; return what it returned."""
         entry = self._tasks[name]
         entry["done"].wait()
         if entry["error"] is not None:
             raise Failed(f"{name} failed: {entry['error']}")
-        return entry["seconds"]
+        return entry["result"]
+
+    def seconds(self, name):
+        """How long the finished task ``name`` ran."""
+        return self._tasks[name]["seconds"]
