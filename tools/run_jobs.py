@@ -103,8 +103,7 @@ class Job:
         args = ["-rs"] + self.test("test_import_leaves_the_process.py") + [
             find_test(ROOT, "test_install.py")
             + "::test_pip_install_without_build_isolation_resolves_against_the_installed_torch"]
-        return last_lines(command([python] + list(PYTEST) + args, env=env, log=self.log(f"import-{version}.log"),
-                                  cwd="/tmp"))
+        return self.pytest(python, args, self.log(f"import-{version}.log"), env)
 
     def venv_for(self, version, background=None):
         """The venv for ``version`` (made here, or by ``background``) with
@@ -166,12 +165,16 @@ class Job:
         return self.venvs.dir(version, python_version)
 
     def plugin_tests(self, version, python_version, python):
-        """The plugin's own tests, on a source install with ninja (they are
-        about a source install too: the build at first import, its lock, its
-        failures)."""
+        """The plugin's own tests, on a source install with ninja and the test
+        device (they are about a source install too: the build at first
+        import, its lock, its failures)."""
         command([python, "-m", "pip", "install", "-q", "ninja"], env=self.venvs.pip_env(version, python_version),
                 log=self.log(f"ninja-{version}-py{python_version}.log"))
-        self.venvs.install_sources(os.path.dirname(os.path.dirname(python)))
+        venv = os.path.dirname(os.path.dirname(python))
+        self.venvs.install_sources(venv, log=self.log(f"install-{version}-py{python_version}.log"))
+        # The tests that need the test device run here too (the CI releases'
+        # steps leave those of the oldest release to this run).
+        self.venvs.install_testdevice(venv, log=self.log(f"testdevice-{version}-py{python_version}.log"))
         return self.pytest(python, [os.path.join(ROOT, "test")], self.log(f"test-{version}-py{python_version}.log"),
                            serial=SERIAL)
 
@@ -207,6 +210,7 @@ def check(job, args):
     version = os.environ.get("TORCH_CTXEXT_TORCH") or job.facts.default
     venv = job.venvs.dir(version, python_version)
     log = job.log("venv.log")
+    print(f"== setting up {venv} (torch {version}, CPython {python_version}; log: {log})", flush=True)
     try:
         job.venvs.create(version, python_version, venv, log=log)
         tag = "cp" + python_version.replace(".", "")
@@ -234,8 +238,9 @@ def test(job, args):
     * each CI release: its report and the suite on the test device; where the
       releases differ (test_release_boundaries.py), advise's report, its C++
       watch and the drop-ins; the import's and the install's effect on a
-      process. The oldest release skips the four test files, which the whole
-      test/ on that same torch (CPython 3.10, below) runs;
+      process. The oldest release runs its report and its suite on the test
+      device only: the whole test/ on that same torch, with the test device
+      (CPython 3.10, below), runs the rest;
     * native 2.15 (the reference): the differential checks, and the tests of
       what the stacks, advise, explain and the command line do there, once,
       with advise()'s own C++ watch built first (test_advise_watch.py checks
@@ -243,8 +248,9 @@ def test(job, args):
       the build advise watches in Python);
     * the binary wheels: each installed alone and checked without a compiler
       (3.11 and 3.13 with the default release, 3.10 with the oldest); the
-      plugin's own tests on a source install on 3.13 (PyPI's CUDA build, the
-      newest CPython) and on 3.10 (the oldest torch and CPython);
+      plugin's own tests on a source install with the test device on 3.13
+      (PyPI's CUDA build, the newest CPython) and on 3.10 (the oldest torch
+      and CPython);
     * the documentation site.
     """
     os.chdir("/tmp")
@@ -309,13 +315,16 @@ def test(job, args):
         steps.together(
             (f"conformance report: torch {version}", job.report, version, python),
             (f"the conformance suite on the test device: torch {version}", job.accelerator_tests, version, python))
-        if version != oldest:
-            steps.run(f"where the releases differ, advise's report, its C++ watch and the drop-ins "
-                      f"(test_release_boundaries.py, test_advise_models.py, test_advise_watch.py, test_nn.py): "
-                      f"torch {version}",
-                      job.pytest, python, job.test("test_release_boundaries.py", "test_advise_models.py",
-                                                   "test_advise_watch.py", "test_nn.py"),
-                      job.log(f"test-{version}.log"))
+        if version == oldest:
+            print(f"== torch {version}: where the releases differ, advise, the drop-ins and the import's effect on a "
+                  "process are tested by the plugin's own tests on that torch (CPython 3.10, below)")
+            continue
+        steps.run(f"where the releases differ, advise's report, its C++ watch and the drop-ins "
+                  f"(test_release_boundaries.py, test_advise_models.py, test_advise_watch.py, test_nn.py): "
+                  f"torch {version}",
+                  job.pytest, python, job.test("test_release_boundaries.py", "test_advise_models.py",
+                                               "test_advise_watch.py", "test_nn.py"),
+                  job.log(f"test-{version}.log"))
         steps.run(f"the import leaves the process as import torch does; the install resolves against this torch: "
                   f"torch {version}", job.import_tests, version, python)
 
@@ -331,15 +340,20 @@ def test(job, args):
     steps.run(f"binary wheels (tools/wheels.py, built in the background): CPython "
               f"{' and '.join(main_wheel_versions)} for torch {default}, 3.10 for torch {oldest}",
               lambda: background.wait("wheels") + f"\n({background.seconds('wheels'):.0f} s in the background)")
-    steps.run(f"the binary wheel, CPython 3.11, torch {default}: installed alone, imported and checked without "
-              "a compiler", lambda: job.wheel_check(default, "3.11", dist, background)[0])
-    for version, python_version in ((default, "3.13"), (oldest, "3.10")):
-        text, python = steps.run(f"the binary wheel, CPython {python_version}, torch {version}: installed alone, "
-                                 "imported and checked without a compiler",
-                                 lambda v=version, p=python_version: job.wheel_check(v, p, dist, background))
-        steps.run(f"the plugin's own tests on CPython {python_version}, torch {version} (installed from source)",
-                  job.plugin_tests, version, python_version, python)
-    steps.run("documentation site (warnings are errors)", lambda: (background.wait("venv-docs"), job.docs())[1])
+    def wheel_step(version, python_version):
+        return (f"the binary wheel, CPython {python_version}, torch {version}: installed alone, imported and checked "
+                "without a compiler", job.wheel_check, version, python_version, dist, background)
+
+    def plugin_step(version, python_version, python):
+        steps.run(f"the plugin's own tests on CPython {python_version}, torch {version} (installed from source, "
+                  "with the test device)", job.plugin_tests, version, python_version, python)
+
+    _, (_, python) = steps.together(wheel_step(default, "3.11"), wheel_step(default, "3.13"))
+    plugin_step(default, "3.13", python)
+    (_, python), _ = steps.together(wheel_step(oldest, "3.10"),
+                                    ("documentation site (warnings are errors)",
+                                     lambda: (background.wait("venv-docs"), job.docs())[1]))
+    plugin_step(oldest, "3.10", python)
     steps.summary("test")
 
 
