@@ -13,10 +13,9 @@ import sys
 import tempfile
 import time
 
-import find_cpython
 import run_steps
 from run_steps import Background, Failed, Steps, command, find_test, from_line, last_lines
-from run_venvs import ROOT, Venvs, release_facts
+from run_venvs import ROOT, Venvs, cpython_for_check, release_facts
 
 # Test files whose tests cannot share the machine with another pytest
 # process (found by running the suite with -n 2): they run in a pass of
@@ -201,12 +200,7 @@ def check(job, args):
     installed instead of the sources, and nothing is compiled. CPython 3.11
     where it is here (this machine's torch wheel is for it), else this
     python3 if it is 3.10 or newer."""
-    found = find_cpython.any_supported()
-    if found is None:
-        sys.exit(f"no CPython {find_cpython.PREFERRED} here and python3 is {sys.version.split()[0]}: install "
-                 f"CPython {find_cpython.OLDEST[0]}.{find_cpython.OLDEST[1]} or newer "
-                 f"(python{find_cpython.PREFERRED} on PATH is enough)")
-    python_version = found[1]
+    python_version = cpython_for_check()[1]
     version = os.environ.get("TORCH_CTXEXT_TORCH") or job.facts.default
     venv = job.venvs.dir(version, python_version)
     log = job.log("venv.log")

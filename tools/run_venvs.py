@@ -38,6 +38,28 @@ class Facts:
         self.oldest = self.releases[0]
 
 
+# --- what the driver takes from the rest of the tree (the two places) --------------
+
+
+def cpython(version):
+    """The path of CPython ``version`` ('3.11') here (tools/find_cpython.py:
+    pyenv's, else on PATH), or None."""
+    return find_cpython.find(version)
+
+
+def cpython_for_check():
+    """(path, '3.X') of the CPython ``check`` uses: 3.11 where it is here,
+    else the running python3 where it is 3.10 or newer; or a SystemExit that
+    says in one line what to install."""
+    found = find_cpython.any_supported()
+    if found is None:
+        raise SystemExit(
+            f"no CPython {find_cpython.PREFERRED} here and python3 is {sys.version.split()[0]}: install CPython "
+            f"{find_cpython.OLDEST[0]}.{find_cpython.OLDEST[1]} or newer (python{find_cpython.PREFERRED} on PATH "
+            "is enough)")
+    return found
+
+
 def release_facts(root=ROOT):
     """The release facts, read from torch_ctxext/_releases.py (standard library
     only), imported with its own folder alone added to sys.path: the one place
@@ -102,7 +124,7 @@ class Venvs:
         env = self.pip_env(version, python)
         if not self.has_torch(venv, version):
             shutil.rmtree(venv, ignore_errors=True)
-            interpreter = find_cpython.find(python)
+            interpreter = cpython(python)
             if interpreter is None:
                 raise RuntimeError(f"no CPython {python} here: put python{python} on PATH (or `pyenv install {python}`)")
             command([interpreter, "-m", "venv", venv], log=log)
