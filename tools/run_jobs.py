@@ -331,16 +331,16 @@ def test(job, args):
         print(f"== skipped: the differential check and the tests on native {reference} "
               "(not among TORCH_CTXEXT_CI_RELEASES)")
 
-    steps.run(f"binary wheels (tools/wheels.py, built in the background): CPython "
-              f"{' and '.join(main_wheel_versions)} for torch {default}, 3.10 for torch {oldest}",
+    steps.run(f"the binary wheels (tools/wheels.py, built in the background): CPython "
+              f"{' and '.join(main_wheel_versions)}, torch {default}; CPython 3.10, torch {oldest}",
               lambda: background.wait("wheels") + f"\n({background.seconds('wheels'):.0f} s in the background)")
     def wheel_step(version, python_version):
-        return (f"the binary wheel, CPython {python_version}, torch {version}: installed alone, imported and checked "
-                "without a compiler", job.wheel_check, version, python_version, dist, background)
+        return (f"the binary wheel installed alone, imported and checked without a compiler: CPython "
+                f"{python_version}, torch {version}", job.wheel_check, version, python_version, dist, background)
 
     def plugin_step(version, python_version, python):
-        steps.run(f"the plugin's own tests on CPython {python_version}, torch {version} (installed from source, "
-                  "with the test device)", job.plugin_tests, version, python_version, python)
+        steps.run(f"the plugin's own tests, installed from source, with the test device: CPython {python_version}, "
+                  f"torch {version}", job.plugin_tests, version, python_version, python)
 
     _, (_, python) = steps.together(wheel_step(default, "3.11"), wheel_step(default, "3.13"))
     plugin_step(default, "3.13", python)
@@ -395,8 +395,8 @@ def reference_checks(job, ref_python):
                        differential, version, True))
     for i in range(0, len(checks), 2):
         steps.together(*checks[i:i + 2])
-    steps.run(f"advise()'s own C++ watch on native {reference} (python -m torch_ctxext build: that watch alone, "
-              "which only advise() loads)", lambda: last_lines(command(
+    steps.run("advise()'s own C++ watch, which only advise() loads (python -m torch_ctxext build builds it alone): "
+              f"native {reference}", lambda: last_lines(command(
                   [ref_python, "-m", "torch_ctxext", "build"], env=native, log=job.log("build-ref.log"))))
     # Where fusion happens in each stack, and what advise reports, is pinned on
     # the default release + torch_ctxext above; native 2.15 is the reference
@@ -469,11 +469,11 @@ def matrix(job, args):
     # installs it, and the plugin's tests, with the newest release that needs a binary.
     newest = facts.releases[-2]
     dist = job.log("dist")
-    steps.run(f"binary wheel, CPython 3.12, torch {newest}", lambda: last_lines(job.build_wheels(
+    steps.run(f"the binary wheel (tools/wheels.py): CPython 3.12, torch {newest}", lambda: last_lines(job.build_wheels(
         "--python", "3.12", "--torch", newest, "--out", dist), 3))
-    text, python = steps.run(f"the binary wheel, CPython 3.12, torch {newest}: installed alone, imported and checked "
-                             "without a compiler", lambda: job.wheel_check(newest, "3.12", dist))
-    steps.run(f"the plugin's own tests on CPython 3.12, torch {newest} (installed from source)",
+    text, python = steps.run(f"the binary wheel installed alone, imported and checked without a compiler: CPython 3.12, "
+                             f"torch {newest}", lambda: job.wheel_check(newest, "3.12", dist))
+    steps.run(f"the plugin's own tests, installed from source, with the test device: CPython 3.12, torch {newest}",
               job.plugin_tests, newest, "3.12", python)
     if not keep:
         shutil.rmtree(venvs.dir(newest, "3.12"), ignore_errors=True)

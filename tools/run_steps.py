@@ -99,6 +99,15 @@ def from_line(text, start):
     return text
 
 
+def _short(title, width=100):
+    """A step's title in one summary line: what follows its last colon is the
+    release or the interpreter it ran on, kept whole."""
+    if len(title) <= width or ": " not in title:
+        return title
+    head, tail = title.rsplit(": ", 1)
+    return head[:max(20, width - len(tail) - 5)] + "...: " + tail
+
+
 def _minutes(seconds):
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
@@ -128,7 +137,7 @@ class Steps:
         if isinstance(result, tuple):  # (what to print, what the job goes on with)
             result = result[0]
         text = result if isinstance(result, str) else ""
-        self._say((text + "\n" if text.strip() else "") + f"   ({_minutes(seconds)}: {title.split(':')[0]})")
+        self._say((text + "\n" if text.strip() else "") + f"   ({_minutes(seconds)}: {_short(title)})")
 
     def together(self, *steps):
         """Run the steps (title, function, *args) side by side; each one's
@@ -162,7 +171,7 @@ class Steps:
     def summary(self, job):
         lines = [f"== {job}: {_minutes(time.monotonic() - self.start)} in all; each step:"]
         for title, seconds in self.times:
-            lines.append(f"   {_minutes(seconds):>6}  {title.split(':')[0]}")
+            lines.append(f"   {_minutes(seconds):>6}  {_short(title)}")
         self._say("\n".join(lines))
 
 
