@@ -20,7 +20,7 @@ own four (its measurements, with this registry of models):
   alternated in each request, both sides (2.13 + torch_ctxext, native 2.15)
   alternating per round; ratios per round, median and range.
 
-Needs ``transformers`` in both interpreters (tools/run.sh installs it).
+Needs ``transformers`` in both interpreters (tools/run.py installs it).
 """
 import bench
 import bench_advise

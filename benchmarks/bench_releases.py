@@ -4,7 +4,7 @@
                                  --other-releases PYTHON[:BUILT_TREE]...
 
 The idle and read measurements of benchmarks/bench_overhead.py, on each
-release with the torch_ctxext of its environment (``bash tools/run.sh matrix
+release with the torch_ctxext of its environment (``python3 tools/run.py matrix
 --bench`` runs it for every supported release); see collect_idle_releases().
 """
 import statistics

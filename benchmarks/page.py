@@ -223,7 +223,7 @@ def wheels_section(r):
     return [
         "## The binary wheels",
         "",
-        f"`bash tools/run.sh wheels` on {r['date']}"
+        f"`python3 tools/run.py wheels` on {r['date']}"
         + (f" ({r['scope']})" if r.get("scope") else "")
         + f": {r['seconds'] / 60:.0f} min for {r['compiled']} builds (torch's wheels fetched and unpacked, "
         f"each compiled; load average {r['load_average']:.1f}). A second run with unchanged sources "

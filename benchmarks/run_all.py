@@ -61,7 +61,7 @@ with ``--other-releases`` (that environment's installed torch_ctxext, or the
 copy of the tree built in place in BUILT_TREE) and merges the rows into the
 earlier results, release by release, so that releases whose environments do
 not fit on the disk together can be measured one after another
-(``bash tools/run.sh matrix --bench`` does, for every supported release).
+(``python3 tools/run.py matrix --bench`` does, for every supported release).
 
 ``--remeasure builds`` measures the first import (the build) from an empty
 cache on 2.13, ``--torch-2-15`` and each of ``--other-releases``, and merges
@@ -245,7 +245,7 @@ def parse_args(argv):
         "--other-releases; 'import_cost' the import against the revision --against; "
         "'first_import' the build at first import against the one-TU extension and a packaged "
         "binary's first import (bench_first_import.py, on --torch-2-13 / this interpreter); "
-        "'wheels' the figures of the last `bash tools/run.sh wheels` (--wheels-summary)",
+        "'wheels' the figures of the last `python3 tools/run.py wheels` (--wheels-summary)",
     )
     parser.add_argument("--wheels-summary", metavar="FILE", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dist", "wheels.json"),
                         help="what tools/wheels.py wrote of its last run (--remeasure wheels)")

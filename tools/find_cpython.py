@@ -1,6 +1,6 @@
 """Find a CPython on this machine: pyenv's where there is one, else on PATH.
 
-The one place tools/run.sh and tools/wheels.py look for an interpreter, so
+The one place tools/run.py and tools/wheels.py look for an interpreter, so
 that neither depends on ``~/.pyenv`` existing (most machines have none)::
 
     python3 tools/find_cpython.py 3.11     # prints its path, or says in one line it is missing (exit 1)

@@ -8,7 +8,7 @@
 # Environment:
 #   TORCH_CTXEXT_PYTHON     python of a venv with torch, pytest, hypothesis,
 #                           expecttest, ninja (default: the cached 2.13 venv
-#                           tools/run.sh creates)
+#                           tools/run.py creates)
 #   TORCH_CTXEXT_ASAN_DIR   where the instrumented copy is built
 #                           (default /tmp/asan-build; wiped first)
 #   TORCH_CTXEXT_ASAN_REUSE=1  keep the instrumented build in that copy when

@@ -3,7 +3,7 @@
     python tools/wheel_check.py [--rounds N] [--allow-probe]
 
 Run with the interpreter of an environment where torch and the torch_ctxext
-wheel are installed (``bash tools/run.sh test`` and ``tools/wheels.py
+wheel are installed (``python3 tools/run.py test`` and ``tools/wheels.py
 --verify`` do, once tools/wheel_verdicts.py has added the layout verdict for
 that torch to the wheel). It runs everything in child processes whose PATH
 holds that environment's scripts only (no ``cc``, ``c++``, ``g++`` or

@@ -3,7 +3,7 @@
     python tools/wheel_verdicts.py WHEEL [WHEEL ...]
 
 Run it with the interpreter of an environment that has the torch (and the
-CPython) the verdict is for: ``tools/run.sh``'s ``wheel_tests`` and
+CPython) the verdict is for: ``tools/run.py``'s ``Job.wheel_check`` and
 ``tools/wheels.py --verify`` run it in each venv they check a wheel in,
 after torch is installed and before the wheel is. For each WHEEL it:
 

@@ -2,7 +2,7 @@
 
     python3 tools/wheels.py [--python 3.10,3.13] [--torch 2.6.0,2.13.0] [--out DIR] [--verify]
 
-(``bash tools/run.sh wheels`` runs it.) For every CPython asked for (default
+(``python3 tools/run.py wheels`` runs it.) For every CPython asked for (default
 3.10 to 3.13) and every supported torch release (default: all of them; where
 torch provides every member natively the binary is advise()'s C++ watch
 alone, which only advise() loads: torch_ctxext/_ext/advise_module.py), it:

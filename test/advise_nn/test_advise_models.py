@@ -2,7 +2,7 @@
 reports is what each model's structure implies, the saving it predicts is the
 saving fuse(model) makes, and watching changes nothing.
 
-CI runs this file on every release it tests (tools/run.sh), native 2.15
+CI runs this file on every release it tests (tools/run.py), native 2.15
 included: the same report (names, counts, bytes) everywhere. The expected
 reports are derived here from the models' structure, never from advise:
 
@@ -311,7 +311,7 @@ os._exit(0)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_ctxext_testdevice") is None,
-                    reason="the test device is not installed (tools/run.sh installs it)")
+                    reason="the test device is not installed (tools/run.py installs it)")
 def test_the_report_on_the_test_device_is_the_cpus():
     # Looked up, not imported: the device must be registered before a
     # process's first backward, so it runs in a fresh interpreter.

@@ -12,7 +12,7 @@ and in total, is what the fused step's report calls avoided and what the
 backward's allocations really drop (the sum out of place the engine no longer
 makes included), and the peak drops by no more than the predicted bound.
 
-``transformers`` is a test-only dependency (tools/run.sh installs it into the
+``transformers`` is a test-only dependency (tools/run.py installs it into the
 venvs CI tests with); where it is missing, the tests that need it are skipped
 with that reason.
 """
@@ -33,7 +33,7 @@ from transformers_models import MODELS, NEEDS_TRANSFORMERS  # noqa: E402
 from where_fusing_pays import report_of  # noqa: E402
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-MISSING = "transformers is not installed (a test-only dependency: tools/run.sh installs it for CI)"
+MISSING = "transformers is not installed (a test-only dependency: tools/run.py installs it for CI)"
 
 
 def models():

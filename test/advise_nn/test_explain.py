@@ -389,7 +389,7 @@ def on_the_device():
     if not BACKPORT:
         pytest.skip("explain()'s accelerator reasons come from torch_ctxext's extension")
     if importlib.util.find_spec("torch_ctxext_testdevice") is None:
-        pytest.skip("the test device is not installed (tools/run.sh installs it)")
+        pytest.skip("the test device is not installed (tools/run.py installs it)")
     done = python(code=ON_THE_DEVICE)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -375,7 +375,7 @@ def test_fused_conv1d_function_passes_check_function():
 
 transformers_missing = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None,
-    reason="transformers is not installed (a test-only dependency: tools/run.sh installs it for CI)")
+    reason="transformers is not installed (a test-only dependency: tools/run.py installs it for CI)")
 
 
 @transformers_missing

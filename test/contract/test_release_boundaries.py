@@ -1,6 +1,6 @@
 """Where torch releases differ (csrc/engine_layout.h), as far as the
 conformance suite does not reach: CI runs this file on every release of its
-subset (tools/run.sh), the suite on the same releases.
+subset (tools/run.py), the suite on the same releases.
 
 * Up to torch 2.9 the engine casts every gradient to the output's dtype, so
   ``set_output_grad_dtype(None)`` goes through a wrapper around the engine's

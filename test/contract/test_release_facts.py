@@ -2,7 +2,7 @@
 
 What reads them must agree with it: the C++ extension's boundary macros
 (csrc/engine_layout.h, exported as ``_C.boundaries``), the members the running
-torch provides natively, setup.py's requirement and tools/run.sh's release
+torch provides natively, setup.py's requirement and tools/run.py's release
 lists. The header's table of boundaries must name every boundary and exactly
 the files that branch on it, and adding a release in which everything is
 native must be a one-line change.
@@ -109,7 +109,7 @@ def test_the_header_lists_the_boundaries_it_exports_in_the_order_of_the_release_
     assert re.findall(r"X\(([A-Z_]+)\)", listed) == NAMES
 
 
-def test_setup_py_and_run_sh_read_the_releases_from_the_release_facts():
+def test_setup_py_and_the_driver_read_the_releases_from_the_release_facts():
     setup = open(os.path.join(ROOT, "setup.py")).read()
     assert "_releases.requirement()" in setup and "2.16" not in setup
     for fact, expected in (
@@ -120,8 +120,9 @@ def test_setup_py_and_run_sh_read_the_releases_from_the_release_facts():
     ):
         result = python(_releases.__file__, fact)
         assert result.returncode == 0 and result.stdout.strip() == expected
-    run_sh = open(os.path.join(ROOT, "tools", "run.sh")).read()
-    assert not re.search(r"\breleases=\(2\.", run_sh) and "facts releases" in run_sh
+    for name in ("run.py", "run_jobs.py", "run_steps.py", "run_venvs.py"):
+        driver = open(os.path.join(ROOT, "tools", name)).read()
+        assert not re.search(r"[\"']2\.\d+\.\d+[\"']", driver), name
 
 
 def test_the_members_torch_provides_natively_are_those_the_release_facts_name():

@@ -114,7 +114,7 @@ def test_the_matrix_check_compares_each_run_with_the_kept_report_of_its_release(
 
 
 def test_the_kept_reports_cover_every_supported_release():
-    """`bash tools/run.sh matrix` runs the releases of torch_ctxext/_releases.py;
+    """`python3 tools/run.py matrix` runs the releases of torch_ctxext/_releases.py;
     the matrix in the docs holds a report for each."""
     out = list(_releases.RELEASES)
     assert sorted(compat_matrix.kept_reports()) == sorted(out)

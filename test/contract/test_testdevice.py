@@ -18,7 +18,7 @@ from support import TESTS, python
 # whose engine started long ago (its import would refuse, rightly).
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch_ctxext_testdevice") is None,
-    reason="the test device is not installed (tools/run.sh installs it)",
+    reason="the test device is not installed (tools/run.py installs it)",
 )
 
 

@@ -37,7 +37,7 @@ def test_the_readme_says_how_to_install_and_the_main_command_before_any_figure()
     assert install < commands < figures
     section = readme[install:commands]
     assert "not on a package index yet" in section
-    assert "bash tools/run.sh wheels" in section and "pip install ." in section
+    assert "python3 tools/run.py wheels" in section and "pip install ." in section
     assert "C++20" in section and "C++17" in section
 
 

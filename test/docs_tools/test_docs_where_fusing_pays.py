@@ -40,7 +40,7 @@ def test_a_stale_report_is_found(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not advice_page.HAS_TRANSFORMERS,
-                    reason="transformers is not installed (a test-only dependency: tools/run.sh installs it for CI)")
+                    reason="transformers is not installed (a test-only dependency: tools/run.py installs it for CI)")
 def test_the_real_models_reports_are_checked_and_shown():
     result = python(os.path.join(ROOT, "tools", "advice_page.py"), "--check", timeout=1800)
     assert "not checked" not in result.stdout

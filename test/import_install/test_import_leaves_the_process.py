@@ -34,7 +34,7 @@ from support import TESTS, python
 
 HAS_TESTDEVICE = importlib.util.find_spec("torch_ctxext_testdevice") is not None
 needs_testdevice = pytest.mark.skipif(
-    not HAS_TESTDEVICE, reason="the test device is not installed (tools/run.sh installs it)"
+    not HAS_TESTDEVICE, reason="the test device is not installed (tools/run.py installs it)"
 )
 # Each script ends with os._exit: torch 2.12 and 2.14 abort now and then at
 # interpreter shutdown after a backward on a device thread, with or without

@@ -1,0 +1,179 @@
+"""tools/run.py, the driver of the README's commands and CI: standard
+library only and Python 3.8 syntax (it runs before any venv exists); the
+releases from the build layer (_torch_ctxext_build.releases); test files found by basename
+wherever they lie under test/; commands whose failure stops the job with
+their output; background tasks two at a time; side-by-side steps reported in
+order; the files that cannot share the machine run alone after the
+parallel pass.
+"""
+import ast
+import os
+import sys
+import threading
+
+import pytest
+
+from torch_ctxext import _releases
+from support import ROOT, python
+
+TOOLS = os.path.join(ROOT, "tools")
+DRIVER = [os.path.join(TOOLS, name) for name in ("run.py", "run_jobs.py", "run_steps.py", "run_venvs.py")]
+sys.path.insert(0, TOOLS)
+
+import run_jobs  # noqa: E402
+import run_steps  # noqa: E402
+import run_venvs  # noqa: E402
+
+
+def test_the_driver_imports_the_standard_library_only_and_parses_as_python_3_8():
+    own = {"find_cpython", "run_jobs", "run_steps", "run_venvs"}
+    for path in DRIVER:
+        source = open(path).read()
+        tree = ast.parse(source, feature_version=(3, 8))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top in sys.stdlib_module_names or top in own or top == "_torch_ctxext_build", (path, name)
+
+
+def test_the_release_facts_come_from_the_release_module_and_leave_sys_path_as_it_was():
+    before = list(sys.path)
+    facts = run_venvs.release_facts()
+    assert sys.path == before
+    assert facts.releases == list(_releases.RELEASES)
+    assert facts.ci_releases == list(_releases.CI_RELEASES)
+    assert (facts.reference, facts.default, facts.oldest) == (
+        _releases.REFERENCE, _releases.DEFAULT, _releases.RELEASES[0])
+
+
+def test_a_test_file_is_found_by_its_basename_wherever_it_lies_under_test(tmp_path):
+    (tmp_path / "test" / "contract").mkdir(parents=True)
+    (tmp_path / "test" / "contract" / "test_a.py").write_text("")
+    assert run_steps.find_test(str(tmp_path), "test_a.py") == str(tmp_path / "test" / "contract" / "test_a.py")
+    with pytest.raises(run_steps.Failed, match=r"test/\*\*/test_b.py: 0 files found"):
+        run_steps.find_test(str(tmp_path), "test_b.py")
+    (tmp_path / "test" / "test_a.py").write_text("")
+    with pytest.raises(run_steps.Failed, match="2 files found"):
+        run_steps.find_test(str(tmp_path), "test_a.py")
+
+
+def test_every_test_file_the_driver_names_exists():
+    source = open(os.path.join(TOOLS, "run_jobs.py")).read()
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.startswith("test_") and node.value.endswith(".py"):
+                names.add(node.value)
+    assert len(names) > 10
+    for name in names:
+        run_steps.find_test(ROOT, name)
+
+
+def test_a_job_without_a_name_or_with_an_unknown_one_gets_the_usage():
+    for args in ([], ["nonsense"]):
+        result = python(os.path.join(TOOLS, "run.py"), *args, timeout=60)
+        assert result.returncode == 2
+        assert result.stderr.startswith("usage: python3 tools/run.py check|test|matrix")
+
+
+def test_a_failing_command_raises_with_what_it_printed(tmp_path):
+    log = str(tmp_path / "log")
+    with pytest.raises(run_steps.Failed, match=r"(?s)said this.*exit 3"):
+        run_steps.command([sys.executable, "-c", "print('said this'); raise SystemExit(3)"], log=log)
+    assert run_steps.command([sys.executable, "-c", "import os; print(os.environ.get('A'), os.environ.get('HOME'))"],
+                             env={"A": "1", "HOME": None}, log=log).split() == ["1", "None"]
+
+
+def test_background_tasks_run_two_at_a_time_and_a_failure_is_raised_at_the_wait(tmp_path):
+    first, second = threading.Event(), threading.Event()
+
+    def meet(mine, other):
+        def task(log):
+            mine.set()
+            assert other.wait(60), "the other task never ran beside this one"
+        return task
+
+    def fails(log):
+        raise run_steps.Failed("no such torch")
+
+    background = run_steps.Background(str(tmp_path), workers=2)
+    background.submit("one", meet(first, second))
+    background.submit("two", meet(second, first))
+    background.submit("three", fails)
+    background.submit("four", lambda log: "four's result")
+    background.start()
+    background.wait("one")
+    background.wait("two")
+    assert background.wait("four") == "four's result" and background.seconds("four") >= 0
+    with pytest.raises(run_steps.Failed, match="three failed: no such torch"):
+        background.wait("three")
+
+
+def test_side_by_side_steps_are_reported_in_order_and_the_first_failure_raised_once_all_are_done(capsys):
+    finished = []
+    slow_may_end = threading.Event()
+
+    def slow():
+        assert slow_may_end.wait(60)
+        finished.append("slow")
+        return "slow said"
+
+    def fast():
+        finished.append("fast")
+        slow_may_end.set()
+        raise run_steps.Failed("fast failed")
+
+    steps = run_steps.Steps()
+    with pytest.raises(run_steps.Failed, match="fast failed"):
+        steps.together(("the slow one", slow), ("the fast one", fast))
+    assert sorted(finished) == ["fast", "slow"]
+    out = capsys.readouterr().out
+    assert out.index("== the slow one") < out.index("slow said") < out.index("== the fast one")
+    steps.summary("job")
+    assert "the slow one" in capsys.readouterr().out
+
+
+def test_files_that_cannot_share_the_machine_run_alone_after_the_parallel_pass(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(run_jobs, "command", lambda args, env=None, log=None, cwd=None: calls.append(args) or "1 passed")
+    alone = run_steps.find_test(ROOT, "test_release_facts.py")
+    other = run_steps.find_test(ROOT, "test_run_driver.py")
+    tests = os.path.join(ROOT, "test")
+
+    run_jobs.Job.pytest(None, "python", [tests, "--pyargs", "x"], str(tmp_path / "log"), serial=["test_release_facts.py"])
+    parallel, serial = calls
+    assert parallel[-4:] == [tests, "--pyargs", "x", f"--ignore={alone}"] and "-n" in parallel
+    assert serial[-1] == alone and "-n" not in serial
+
+    calls.clear()
+    run_jobs.Job.pytest(None, "python", [alone, other], str(tmp_path / "log"), serial=["test_release_facts.py"])
+    parallel, serial = calls
+    assert alone not in parallel and other in parallel and serial[-1] == alone
+
+    calls.clear()
+    run_jobs.Job.pytest(None, "python", [alone], str(tmp_path / "log"), serial=["test_release_facts.py"])
+    assert calls == [serial]
+
+
+def test_the_snapshot_a_background_build_reads_is_the_tree_without_its_build_outputs_and_with_its_times(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_CTXEXT_CACHE", str(tmp_path))
+    job = run_jobs.Job()
+    try:
+        copy = job.snapshot()
+    finally:
+        os.rmdir(job.out)
+    assert copy == str(tmp_path / "sources")
+    for name in (".git", "build", "dist", "torch_ctxext.egg-info"):
+        assert not os.path.exists(os.path.join(copy, name)), name
+    for path in ("setup.py", os.path.join("csrc", "module.cpp"), os.path.join("tools", "wheels.py")):
+        original = os.path.join(ROOT, path)
+        assert os.stat(os.path.join(copy, path)).st_mtime == os.stat(original).st_mtime, path
+    assert sorted(os.listdir(os.path.join(copy, "csrc"))) == sorted(
+        n for n in os.listdir(os.path.join(ROOT, "csrc")) if n != "__pycache__")
