@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ._buffers import readable_buffers
 from ._matmul import backward as matmul_backward
+from ._matmul import fold, is_column_major
 from .linear import FusedLinearFunction
 
 __all__ = ["linear", "FusedTransposedLinearFunction"]
@@ -43,11 +44,20 @@ class FusedTransposedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, fuse):
-        out = F.linear(x, weight.t(), bias)
-        ctx.save_for_backward(x, weight)
+        # What aten::linear multiplies and saves, whatever x's strides, as
+        # FusedLinearFunction.forward does (_matmul.fold).
+        needs_weight = ctx.needs_input_grad[1]
+        saved = fold(x, needs_weight)
+        if saved is x or saved is None:
+            out = F.linear(x, weight.t(), bias)
+        else:
+            out = F.linear(saved, weight.t(), bias).view(x.shape[:-1] + weight.shape[1:])
+        ctx.save_for_backward(saved if needs_weight else None, weight)
         ctx.fuse = fuse
         ctx.has_bias = bias is not None
         ctx.x_dim = x.dim()
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.x_column_major = x.dim() == 2 and is_column_major(x)
         if out.dtype != weight.dtype:
             ctx.set_output_grad_dtype(weight.dtype)
         return out
@@ -55,7 +65,7 @@ class FusedTransposedLinearFunction(torch.autograd.Function):
     @staticmethod
     def stock_gradient_is_view(ctx, index):
         """As ``FusedLinearFunction.stock_gradient_is_view``."""
-        return index in (1, 2) or (index == 0 and ctx.x_dim != 2)
+        return index in (1, 2) or (index == 0 and (ctx.x_dim != 2 or ctx.x_column_major))
 
     @staticmethod
     def backward(ctx, grad_out):
