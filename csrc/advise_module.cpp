@@ -9,7 +9,7 @@
 // by layout (advise_watch.cpp uses public headers: ctx_node.h), installs no
 // hook into the engine itself and no fork handler (advise_watch's locks are
 // per watch: docs/reliability.md), and claims nothing in torch._C.
-// _ext/sources.py compiles it, with advise_watch.cpp, in place of every other
+// _torch_ctxext_build/sources.py compiles it, with advise_watch.cpp, in place of every other
 // source on such a torch, and never elsewhere.
 #include "advise_watch.h"
 

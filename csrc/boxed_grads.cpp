@@ -361,7 +361,7 @@ void install_boxed_grads_path(std::ptrdiff_t) {
 #endif
 
 void register_boxed_grads(pybind11::module_& m, pybind11::module_& /*testing*/) {
-  // The layout probe (torch_ctxext/_ext/layout_check.py) finds PyNode's
+  // The layout probe (_torch_ctxext_build/layout_check.py) finds PyNode's
   // vtable, the loader checks the offset a verdict records, and the backport
   // (torch_ctxext/_backport/boxed_grads.py) routes apply through it.
   m.def(

@@ -28,7 +28,7 @@ bool is_pynode_vtable_offset(std::ptrdiff_t vtable_offset);
 void install_boxed_grads_path(std::ptrdiff_t vtable_offset);
 
 // Binds the three functions above into torch_ctxext._C (module.cpp, on the
-// releases this file is compiled for: torch_ctxext/_ext/sources.py).
+// releases this file is compiled for: _torch_ctxext_build/sources.py).
 void register_boxed_grads(pybind11::module_& m, pybind11::module_& testing);
 
 }  // namespace torch_ctxext

@@ -101,7 +101,7 @@ void set_metadata_options_dtype(InputMetadata& metadata, at::ScalarType dtype) {
   //    so no engine thread can be reading it;
   //  * only on the releases whose engine casts to this dtype (the #if), and
   //    only after the import-time layout probe read a node's metadata back as
-  //    Python sees it (torch_ctxext/_ext/layout_check.py, "metadata");
+  //    Python sees it (_torch_ctxext_build/layout_check.py, "metadata");
   //  * it is read back here, and a write that did not take is an error.
   auto& options = const_cast<at::TensorOptions&>(metadata.options());
   options = options.dtype(dtype);
@@ -219,7 +219,7 @@ pybind11::list dtypes_of(const std::vector<int>& scalar_types) {
 }  // namespace
 
 void register_engine_layout(pybind11::module_& m, pybind11::module_& testing) {
-  // The layout probes (torch_ctxext/_ext/layout_check.py).
+  // The layout probes (_torch_ctxext_build/layout_check.py).
   m.def("read_ctx_layout", [](pybind11::handle ctx) {
     const auto f = read_ctx_layout(ctx.ptr());
     pybind11::dict d;

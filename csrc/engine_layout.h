@@ -43,7 +43,7 @@
 //   files: engine_layout.h, ctx_node.h, engine_layout.cpp, input_grad_buffers.cpp
 //   THPFunction::cdata is a std::weak_ptr<PyNode> (an intrusive_ptr from 2.13).
 // NO_NATIVE_BOXED_GRADS (2.12)
-//   files: boxed_grads.cpp, module.cpp (and torch_ctxext/_ext/sources.py
+//   files: boxed_grads.cpp, module.cpp (and _torch_ctxext_build/sources.py
 //   compiles boxed_grads.cpp only on this side): PyNode::apply cannot box
 //   grads.
 // NO_STALE_CAPTURE_OVERRIDE (2.12)
@@ -115,7 +115,7 @@
 // every-operator ATen/Functions.h cost each translation unit about 3 s (with
 // AT_PER_OPERATOR_HEADERS, which makes the build's other headers include only
 // the operators they use: both units side by side 16.0 s before, 13.0 s
-// after, torch 2.13, 2 cores; torch_ctxext/_ext/sources.py). A changed
+// after, torch 2.13, 2 cores; _torch_ctxext_build/sources.py). A changed
 // signature leaves an undefined symbol, which the in-process load check of a
 // new build reports.
 namespace at::caching {

@@ -25,7 +25,7 @@
 //
 // Each copy of this library in a process (a second path, a package that
 // vendors torch_ctxext under another name) has its own list: the extension
-// is compiled with hidden visibility (torch_ctxext/_ext/sources.py), so the
+// is compiled with hidden visibility (_torch_ctxext_build/sources.py), so the
 // inline variables below are this library's, not STB_GNU_UNIQUE symbols the
 // dynamic linker would merge across copies. A copy refused at load
 // (module.cpp, PyInit__C) constructs its locks into its own list, registers

@@ -58,6 +58,9 @@ def clean_env(**settings):
     (values made strings; None removes the variable)."""
     env = {k: v for k, v in os.environ.items() if not _scrubbed(k)}
     for name, value in settings.items():
+        if not name.isupper():  # a misspelt keyword would become a variable, silently
+            raise TypeError(f"{name}={value!r}: environment settings are upper-case names "
+                            "(a keyword of the helper it was meant for?)")
         if value is None:
             env.pop(name, None)
         else:
@@ -80,16 +83,17 @@ def run(args, timeout=300, cwd="/", **settings):
                           env=clean_env(**settings), timeout=timeout)
 
 
-def python(*args, code=None, timeout=300, cwd="/", path=(), input=None, **settings):
+def python(*args, code=None, timeout=300, cwd="/", path=(), input=None, start_new_session=False, **settings):
     """Run a fresh interpreter to its end: ``python -c code args...`` (code
     dedented), or ``python args...``; output captured as text. ``settings``
-    are environment variables (:func:`child_env`). Returns the
+    are environment variables (:func:`child_env`); ``start_new_session``: the
+    child leads a process group of its own (one it may signal whole). Returns the
     CompletedProcess; a child that outlives ``timeout`` is killed and fails
     the test with what it printed."""
     argv = [sys.executable, *(["-c", textwrap.dedent(code)] if code is not None else []), *map(str, args)]
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=str(cwd), input=input,
-                              env=child_env(path, **settings))
+                              env=child_env(path, **settings), start_new_session=start_new_session)
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"a child still ran after {timeout} s: {' '.join(argv[:3])!r}...\n"
                              f"stdout: {e.stdout!r}\nstderr: {e.stderr!r}") from None
