@@ -105,6 +105,8 @@ _FUSE_INPUT = ("FusedLinear", "FusedConv1D", "FusedGRUCell")  # they also add in
 _DESCRIBED = {}  # id(model) -> (weakref to it, {key: Advise._describe_all's answer})
 _DESCRIBED_PER_MODEL = 8
 _described_lock = threading.Lock()
+# SlotAdvice's counts, in its fields' order (after grad_bytes), less avoidable_peak_bytes
+_COUNTERS = ("fused", "temporaries", "summed_out_of_place", "temporary_bytes", "avoided_bytes", "avoidable_bytes")
 
 
 def _known_descriptions(model):
@@ -136,6 +138,12 @@ def latest_report(model):
     with _described_lock:
         entry = _LATEST.get(id(model))
     return entry[1] if entry is not None and entry[0]() is model else None
+
+
+def _ordered(record):
+    """A backward's slots in the order their tensors were made (a leaf's
+    last): activations of one name are numbered in that order."""
+    return sorted(record.slots, key=lambda slot: (slot.seq is None, slot.seq or 0))
 
 
 def _residual(module):
@@ -246,10 +254,35 @@ class Advise:
         if record.create_graph:
             self.report.note("a backward ran with create_graph=True: the engine sums out of place "
                              "and exposes no buffer there, so no drop-in saves anything in it")
-        # In the order the tensors were made: duplicates are numbered so.
-        ordered = sorted(record.slots, key=lambda slot: (slot.seq is None, slot.seq or 0))
+        key = self._key(record)
+        if key is None:
+            ordered = _ordered(record)
+            self._file(record, ordered, self._describe_all(ordered))
+            return
+        # A training loop's backwards repeat one graph and what reached it:
+        # what this one files in the report is then what the first filed
+        # (kept by the description's key and what reached every slot), replayed.
+        outcome = (key, record.create_graph, record.outcome())
+        with _described_lock:
+            filed = _known_descriptions(self.model).get(outcome)
+        if filed is None:
+            filed = []
+            ordered = _ordered(record)
+            self._file(record, ordered, self._described(key, ordered), filed)
+            with _described_lock:
+                known = _known_descriptions(self.model)
+                if len(known) >= 2 * _DESCRIBED_PER_MODEL:
+                    known.clear()  # graphs that change every step: keep the latest
+                known[outcome] = filed
+            return
+        self._replay(filed)
+
+    def _file(self, record, ordered, described, filed=None):
+        """Account each slot and file it, its savings and routes in the
+        report; ``filed`` (a list): what was filed is appended to it, for
+        ``_replay``."""
         path_name = self._calls.path_name if self._calls is not None else None
-        for (name, kind, producers, tied, modules), slot in zip(self._described(record, ordered), ordered):
+        for (name, kind, producers, tied, modules), slot in zip(described, ordered):
             advice = SlotAdvice(name, kind, list(producers), slot.grad_bytes or 0, tied=list(tied),
                                 origins=[producers])
             savings = account(advice, slot.arrivals, slot.out_of_place, record.create_graph)
@@ -261,10 +294,43 @@ class Advise:
                 if key is not None:
                     by_module[key] = by_module.get(key, 0) + nbytes
             for (path, stock, drop_in), nbytes in by_module.items():
-                self.report.add_saving(path_name(path), stock, drop_in, name, nbytes)
+                args = (path_name(path), stock, drop_in, name, nbytes)
+                self.report.add_saving(*args)
+                if filed is not None:
+                    filed.append((0, args))
             if any(p.route for p in producers):
-                self._add_routes(advice, slot, modules, record.create_graph)
+                route = self._add_routes(advice, slot, modules, record.create_graph)
+                if filed is not None and route is not None:
+                    filed.append((1, route))
+            if filed is not None:
+                filed.append((2, (name, kind, producers, tied, advice.grad_bytes,
+                                  tuple(getattr(advice, counter) for counter in _COUNTERS),
+                                  advice.avoidable_peak_bytes)))
             self.report.add_slot(advice)
+
+    def _replay(self, filed):
+        """File in the report what ``_file`` filed for an identical backward."""
+        report = self.report
+        slots = report._slots
+        for what, args in filed:
+            if what == 0:
+                report.add_saving(*args)
+            elif what == 1:
+                report.add_route(*args)
+            else:
+                name, kind, producers, tied, grad_bytes, counters, peak = args
+                slot = slots.get(name)
+                if slot is not None and any(o is producers for o in slot.origins):
+                    # SlotAdvice.merge of a slot of these producers: its counts added
+                    for counter, value in zip(_COUNTERS, counters):
+                        if value:
+                            setattr(slot, counter, getattr(slot, counter) + value)
+                    if peak > slot.avoidable_peak_bytes:
+                        slot.avoidable_peak_bytes = peak
+                    continue
+                advice = SlotAdvice(name, kind, list(producers), grad_bytes, *counters, peak,
+                                    tied=list(tied), origins=[producers])
+                report.add_slot(advice)
 
     def _add_routes(self, advice, slot, modules, create_graph):
         """What the slot would save beyond fuse(model) with its producers
@@ -282,17 +348,17 @@ class Advise:
         where = modules[index]
         if where is not None:
             path, stock, _ = where
-            self.report.add_route(self._calls.path_name(path), stock, advice.producers[index].route,
-                                  advice.name, max(extra, 0))
+            args = (self._calls.path_name(path), stock, advice.producers[index].route, advice.name, max(extra, 0))
+            self.report.add_route(*args)
+            return args
+        return None
 
-    def _described(self, record, ordered):
+    def _described(self, key, ordered):
         """``_describe_all``'s answer for these slots: the one made for a
         backward of the same structure, same module calls and same names
-        where there is one (a training loop's every step after the first,
-        in one block or one block per step), else made now."""
-        key = self._key(record)
-        if key is None:
-            return self._describe_all(ordered)
+        (``key``, ``_key``'s answer) where there is one (a training loop's
+        every step after the first, in one block or one block per step),
+        else made now."""
         with _described_lock:
             found = _known_descriptions(self.model).get(key)
         if found is not None:
@@ -344,11 +410,9 @@ class Advise:
             return None
         names = self._names.names
         tensors = []
-        for slot in record.slots:
-            leaf = slot.leaf
-            if leaf is not None:
-                found = names.get(id(leaf))
-                tensors.append(tuple(found) if found is not None else tuple(leaf.shape))
+        for leaf in record.leaves():
+            found = names.get(id(leaf))
+            tensors.append(tuple(found) if found is not None else tuple(leaf.shape))
         module = self._module_key
         made = tuple([(begin - start, end - start, path, call, counts[id(m)], module(m))
                       for begin, end, path, m, call, counts in forward])
