@@ -25,7 +25,7 @@ import torch
 
 from . import engine
 from .graph import Backward
-from .modules import ModuleCalls, ParameterNames
+from .modules import ModuleCalls, ParameterNames, named_modules
 from .report import AdviceReport, DropInAdvice, FunctionAdvice, ProducerAdvice, SlotAdvice, account
 from .table import USAGE
 
@@ -181,7 +181,7 @@ class Advise:
             raise RuntimeError("this advise() block is already active; call advise() again for a new one")
         self.report = AdviceReport(type(self.model).__name__ if self.model is not None else None)
         if self.model is not None:
-            modules = list(self.model.named_modules(remove_duplicate=False))  # one walk for both
+            modules = named_modules(self.model)  # one walk for both
             self._names = ParameterNames(modules)
             self._calls = ModuleCalls(self.model, modules)
             self._calls.install()

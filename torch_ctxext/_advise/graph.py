@@ -292,7 +292,10 @@ class Backward:
             # A custom Function producer is named by Python (Slot.native) and
             # seen by the apply wrapper (_watch): its slots are made now.
             functions = any([slot.functions for slot in found])
-            shaped_by = self.slots if functions else found  # a Found has the fields _shape reads
+            # The watch's walk shapes the slots but where a custom Function
+            # produces (Python names it); a build without ``shape``: Python
+            # does (a Found has the fields _shape reads).
+            shaped_by = getattr(self.native, "shape", None) or (self.slots if functions else found)
         else:
             found, nodes = _python_slots(roots, input_edges)
             self._found = None
@@ -304,7 +307,12 @@ class Backward:
         # With ``shaped``: the graph's shape, by which advise() knows a
         # backward it has described (taken now, while the slots are fresh
         # in the caches: after the engine's backward it costs five times more).
-        self.lowest, self.shape = _shape(shaped_by) if shaped else (None, None)
+        if not shaped:
+            self.lowest, self.shape = None, None
+        elif type(shaped_by) is tuple:
+            self.lowest, self.shape = shaped_by
+        else:
+            self.lowest, self.shape = _shape(shaped_by)
         self.functions = {}  # id(ctx) -> [(slot, producer index)]
         self.slot_of = None  # (id(consumer), nr) -> slot, made where nothing_arrived is asked
         self._watch(grad_tensors)
