@@ -303,9 +303,10 @@ class Advise:
                 if filed is not None and route is not None:
                     filed.append((1, route))
             if filed is not None:
-                filed.append((2, (name, kind, producers, tied, advice.grad_bytes,
-                                  tuple(getattr(advice, counter) for counter in _COUNTERS),
-                                  advice.avoidable_peak_bytes)))
+                counts = tuple(getattr(advice, counter) for counter in _COUNTERS)
+                filed.append((2, (name, kind, producers, tied, advice.grad_bytes, counts,
+                                  advice.avoidable_peak_bytes,
+                                  tuple((c, n) for c, n in zip(_COUNTERS, counts) if n))))
             self.report.add_slot(advice)
 
     def _replay(self, filed):
@@ -318,13 +319,12 @@ class Advise:
             elif what == 1:
                 report.add_route(*args)
             else:
-                name, kind, producers, tied, grad_bytes, counters, peak = args
+                name, kind, producers, tied, grad_bytes, counters, peak, nonzero = args
                 slot = slots.get(name)
                 if slot is not None and any(o is producers for o in slot.origins):
                     # SlotAdvice.merge of a slot of these producers: its counts added
-                    for counter, value in zip(_COUNTERS, counters):
-                        if value:
-                            setattr(slot, counter, getattr(slot, counter) + value)
+                    for counter, value in nonzero:
+                        setattr(slot, counter, getattr(slot, counter) + value)
                     if peak > slot.avoidable_peak_bytes:
                         slot.avoidable_peak_bytes = peak
                     continue
