@@ -282,6 +282,7 @@ class Advise:
         report; ``filed`` (a list): what was filed is appended to it, for
         ``_replay``."""
         path_name = self._calls.path_name if self._calls is not None else None
+        savings_by_path = {}  # for ``filed``: path -> [stock, drop-in, bytes, [slot names]], as filed
         for (name, kind, producers, tied, modules), slot in zip(described, ordered):
             advice = SlotAdvice(name, kind, list(producers), slot.grad_bytes or 0, tied=list(tied),
                                 origins=[producers])
@@ -294,10 +295,12 @@ class Advise:
                 if key is not None:
                     by_module[key] = by_module.get(key, 0) + nbytes
             for (path, stock, drop_in), nbytes in by_module.items():
-                args = (path_name(path), stock, drop_in, name, nbytes)
-                self.report.add_saving(*args)
+                shown = path_name(path)
+                self.report.add_saving(shown, stock, drop_in, name, nbytes)
                 if filed is not None:
-                    filed.append((0, args))
+                    group = savings_by_path.setdefault(shown, [stock, drop_in, 0, []])
+                    group[2] += nbytes
+                    group[3].append(name)
             if any(p.route for p in producers):
                 route = self._add_routes(advice, slot, modules, record.create_graph)
                 if filed is not None and route is not None:
@@ -308,6 +311,10 @@ class Advise:
                                   advice.avoidable_peak_bytes,
                                   tuple((c, n) for c, n in zip(_COUNTERS, counts) if n))))
             self.report.add_slot(advice)
+        if filed is not None and savings_by_path:
+            # The savings of the backward per drop-in, summed (add_saving, in bulk)
+            filed.append((0, tuple((path, stock, drop_in, nbytes, tuple(names))
+                                   for path, (stock, drop_in, nbytes, names) in savings_by_path.items())))
 
     def _replay(self, filed):
         """File in the report what ``_file`` filed for an identical backward."""
@@ -315,7 +322,8 @@ class Advise:
         slots = report._slots
         for what, args in filed:
             if what == 0:
-                report.add_saving(*args)
+                for path, stock, drop_in, nbytes, names in args:
+                    report.add_savings(path, stock, drop_in, names, nbytes)
             elif what == 1:
                 report.add_route(*args)
             else:
