@@ -649,6 +649,8 @@ def cost_section(runs):
         "",
         cost_table(runs),
         "",
+        # what a run adds in words (its "note": instruction counts, a floor)
+        *[line for r in runs if r.get("note") for line in (f"{r.get('label', r['torch'])}: {r['note']}", "")],
         how,
         "",
     ])

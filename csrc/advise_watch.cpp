@@ -285,6 +285,16 @@ struct SlotKeyHash {
   }
 };
 
+// One entry of a backward's shape (graph.py's _shape): a slot's (count >= 0:
+// its producers) or a producer's.
+struct ShapeEntry {
+  py::object op;
+  bool has_seq;
+  int64_t seq;
+  uint32_t nr;
+  int64_t count;
+};
+
 struct Producer {
   Node* node;  // nullptr: the backward's root gradient number `position`
   size_t position;
@@ -440,6 +450,10 @@ class Watch {
   Watch& operator=(const Watch&) = delete;
 
   py::list slots() const { return python_slots_; }
+
+  // graph.py's _shape of the slots, (lowest, flat tuple), made by the walk;
+  // None where a custom Function produces (Python names it: graph.py shapes).
+  py::object shape() const { return shape_; }
 
   void arrive(size_t slot, int32_t producer, py::handle gradient, bool fused, bool stock_view) {
     if (slot >= record_->slots.size()) {
@@ -614,25 +628,38 @@ class Watch {
       return found->second;
     };
     const py::str root_name("root gradient");
+    // graph.py's _shape, in the same order: per slot its op, input, number
+    // and producer count, then each producer's op and number (numbers made
+    // relative to the lowest below). Left to Python where a custom Function
+    // produces (Python names it).
+    std::vector<ShapeEntry> shape;
+    bool shaped = true;
     for (size_t s = 0; s < slots.size(); ++s) {
       const auto& [key, producers] = slots[s];
       py::list python_producers;
       size_t functions = 0;  // custom Function producers: Python names them
+      const OpName op = op_name(key.node);
+      shape.push_back({op.name, !op.leaf, op.leaf ? 0 : static_cast<int64_t>(key.node->sequence_nr()), key.nr,
+                       static_cast<int64_t>(producers.size())});
       for (size_t p = 0; p < producers.size(); ++p) {
         const auto& producer = producers[p];
         if (producer.node == nullptr) {
           python_producers.append(Crossing::make(
               crossing_.producer, py::make_tuple(root_name, py::none(), py::none(), producer.position)));
+          shape.push_back({root_name, false, 0, 0, -1});
           continue;
         }
         const auto seq = producer.node->sequence_nr();
         if (is_python_function(producer.node)) {  // seen by engine.py's apply wrapper
           ++functions;
+          shaped = false;
           python_producers.append(Crossing::make(
               crossing_.producer, py::make_tuple(py::none(), seq, object_of(producer.node), producer.position)));
         } else {  // no Python object needed: its op and number
+          const OpName producer_op = op_name(producer.node);
+          shape.push_back({producer_op.name, true, static_cast<int64_t>(seq), 0, -1});
           python_producers.append(Crossing::make(
-              crossing_.producer, py::make_tuple(op_name(producer.node).name, seq, py::none(), producer.position)));
+              crossing_.producer, py::make_tuple(producer_op.name, seq, py::none(), producer.position)));
           auto& entries = posts[producer.node];
           if (entries.empty()) {
             post_order.push_back(producer.node);
@@ -647,12 +674,14 @@ class Watch {
       }
       consumer_slots.emplace_back(s, key.nr);
       // A leaf's slot (its AccumulateGrad) has no number: Python reads its variable.
-      const OpName op = op_name(key.node);
       python_slots_.append(Crossing::make(
           crossing_.found,
           py::make_tuple(object_of(key.node), key.nr, python_producers, op.name,
                          op.leaf ? py::object(py::none()) : py::object(py::int_(key.node->sequence_nr())),
                          metadata_bytes(*key.node, key.nr), functions)));
+    }
+    if (shaped) {
+      make_shape(shape);
     }
     for (Node* node : post_order) {
       drop_disarmed<ProducerHook>(node->post_hooks());
@@ -662,6 +691,41 @@ class Watch {
       drop_disarmed<ConsumerHook>(node->pre_hooks());
       node->add_pre_hook(std::make_unique<ConsumerHook>(record_, std::move(pres[node])));
     }
+  }
+
+  // (lowest number, the flat tuple) as graph.py's _shape makes them, or
+  // (None, None) where no node has a number.
+  void make_shape(const std::vector<ShapeEntry>& entries) {
+    bool any = false;
+    int64_t low = 0;
+    size_t size = 0;
+    for (const auto& e : entries) {
+      size += e.count >= 0 ? 4 : 2;
+      if (e.has_seq && (!any || e.seq < low)) {
+        low = e.seq;
+        any = true;
+      }
+    }
+    if (!any) {
+      shape_ = py::make_tuple(py::none(), py::none());
+      return;
+    }
+    py::tuple flat(size);
+    size_t i = 0;
+    auto number = [&](const ShapeEntry& e) {
+      return e.has_seq ? py::object(py::int_(e.seq - low)) : py::object(py::none());
+    };
+    for (const auto& e : entries) {
+      flat[i++] = e.op;
+      if (e.count >= 0) {
+        flat[i++] = py::int_(e.nr);
+        flat[i++] = number(e);
+        flat[i++] = py::int_(e.count);
+      } else {
+        flat[i++] = number(e);
+      }
+    }
+    shape_ = py::make_tuple(py::int_(low), std::move(flat));
   }
 
   // The root gradients (grad_tensors: a Tensor, or anything else for none)
@@ -708,6 +772,7 @@ class Watch {
   ska::flat_hash_map<Node*, const NodeRef*> refs_;
   std::unordered_map<Node*, py::handle> root_objects_;
   py::list python_slots_;
+  py::object shape_ = py::none();  // make_shape's, or None: Python shapes the slots
 };
 
 }  // namespace
@@ -716,6 +781,7 @@ void bind_advise_watch(py::module_& m) {
   py::class_<Watch>(m, "AdviseWatch",
                     "One backward watched for advise() (torch_ctxext/_advise/graph.py)")
       .def_property_readonly("slots", &Watch::slots)
+      .def_property_readonly("shape", &Watch::shape)
       .def("arrive", &Watch::arrive, py::arg("slot"), py::arg("producer"), py::arg("gradient"),
            py::arg("fused") = false, py::arg("stock_view") = false)
       .def("finish", &Watch::finish)

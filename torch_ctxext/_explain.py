@@ -436,6 +436,23 @@ def _observed_get(ctx):
     return result
 
 
+_known_extension = (None, None)  # (a member, the extension found behind it)
+
+
+def _extension_of(member):
+    """``_extension()`` while ``member`` is installed: an extension found
+    behind a member stays behind it, so it is looked up once per member
+    (advise() observes each block anew); None is asked again (an
+    extension may be loaded since)."""
+    global _known_extension
+    known = _known_extension
+    if known[0] is member and known[1] is not None:
+        return known[1]
+    ext = _extension()
+    _known_extension = (member, ext)
+    return ext
+
+
 @contextlib.contextmanager
 def observe(callback, wants_reasons=False):
     """Call ``callback(ctx, result, raw_reasons)`` after every read of
@@ -451,7 +468,7 @@ def observe(callback, wants_reasons=False):
                 f"torch_ctxext first (it provides it on torch {_PROVIDED_ON})"
             )
         if not _observers:
-            _wrapped = (current, _extension())
+            _wrapped = (current, _extension_of(current))
             _wrapper = _observing(current)
             FunctionCtx.input_grad_buffers = _wrapper
         _observers = _observers + [entry]

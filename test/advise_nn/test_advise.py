@@ -211,6 +211,60 @@ def test_a_block_kept_open_over_many_steps_reports_as_many_rows_as_one_step():
     assert str(one).splitlines()[3].endswith(f"saves {format_bytes(one.avoidable_bytes)} per step: 1 x FusedLSTMCell")
 
 
+def test_a_backward_that_repeats_a_filed_one_is_filed_without_accounting_it_again(monkeypatch):
+    """A training loop's steps repeat one graph and what reached it: the
+    report files what the first step filed (its slots, savings and drop-ins
+    scaled by the steps), accounting the slots once, block per step or not."""
+    from torch_ctxext import _advise
+
+    cell = torch.nn.LSTMCell(4, 8)
+    x = torch.randn(3, 2, 4)
+
+    def step():
+        cell.zero_grad(set_to_none=True)
+        h = c = torch.zeros(2, 8)
+        for t in range(3):
+            h, c = cell(x[t], (h, c))
+        (h.sum() + c.sum()).backward()
+
+    _advise._DESCRIBED.pop(id(cell), None)
+    accounted = []
+    account = _advise.account
+    monkeypatch.setattr(_advise, "account", lambda *args: accounted.append(1) or account(*args))
+    with torch_ctxext.advise(cell) as one:
+        step()
+    first = len(accounted)
+    assert first > 0
+    with torch_ctxext.advise(cell) as again:
+        step()
+    with torch_ctxext.advise(cell) as many:
+        for _ in range(3):
+            step()
+    assert len(accounted) == first  # replayed, not accounted
+    assert again.as_dict() == one.as_dict()
+    d, o = many.as_dict(), one.as_dict()
+    assert [s["name"] for s in d["slots"]] == [s["name"] for s in o["slots"]]
+    for key in ("temporary_bytes", "avoidable_bytes"):
+        assert d[key] == 3 * o[key] > 0
+    assert [(x["module"], x["avoidable_bytes"]) for x in d["drop_ins"]] \
+        == [(x["module"], 3 * x["avoidable_bytes"]) for x in o["drop_ins"]]
+    assert [s["temporaries"] for s in d["slots"]] == [3 * s["temporaries"] for s in o["slots"]]
+
+
+def test_a_failure_filing_a_backward_is_noted_and_never_raised_into_the_step(monkeypatch):
+    from torch_ctxext import _advise
+
+    def broken(*args):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(_advise, "account", broken)
+    w = torch.randn(3, requires_grad=True)
+    with torch_ctxext.advise() as report:
+        (w * 2 + w.sin()).sum().backward()
+    assert torch.equal(w.grad, 2 + w.detach().cos())
+    assert "a backward could not be fully observed: ValueError: boom" in report.notes
+
+
 def test_a_block_kept_open_keeps_the_calls_of_its_last_forwards_only():
     layer = torch.nn.Linear(3, 3)
     with torch_ctxext.advise(layer) as report:

@@ -88,6 +88,26 @@ def edges(tensors):
 
 
 @pytest.mark.parametrize("make", GRAPHS.values(), ids=GRAPHS.keys())
+def test_the_watchs_shape_of_a_backward_is_the_one_python_makes_of_its_slots(make):
+    """The walk shapes the slots (advise()'s key to a graph it described) as
+    graph._shape does from Python's walk; where a custom Function produces,
+    it leaves that to Python (which names the Function)."""
+    roots, inputs = make()
+    found, _ = graph._python_slots(edges(roots), edges(inputs))
+    expected = graph._shape([graph.Slot.walked(i, *slot) for i, slot in enumerate(found)])
+    watch = _C.advise_watch(edges(roots), edges(inputs), graph.CROSSING)
+    try:
+        if any(slot.functions for slot in watch.slots):
+            assert watch.shape is None
+            assert graph._shape([graph.Slot.native(i, s) for i, s in enumerate(watch.slots)]) == expected
+        else:
+            assert watch.shape == expected and expected[1]
+            assert graph._shape(watch.slots) == expected
+    finally:
+        watch.finish()
+
+
+@pytest.mark.parametrize("make", GRAPHS.values(), ids=GRAPHS.keys())
 def test_the_extensions_walk_finds_the_slots_and_producers_pythons_walk_finds_in_the_same_order(make):
     roots, inputs = make()
     found, _ = graph._python_slots(edges(roots), edges(inputs))

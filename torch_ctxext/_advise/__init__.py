@@ -25,7 +25,7 @@ import torch
 
 from . import engine
 from .graph import Backward
-from .modules import ModuleCalls, ParameterNames
+from .modules import ModuleCalls, ParameterNames, named_modules
 from .report import AdviceReport, DropInAdvice, FunctionAdvice, ProducerAdvice, SlotAdvice, account
 from .table import USAGE
 
@@ -105,6 +105,8 @@ _FUSE_INPUT = ("FusedLinear", "FusedConv1D", "FusedGRUCell")  # they also add in
 _DESCRIBED = {}  # id(model) -> (weakref to it, {key: Advise._describe_all's answer})
 _DESCRIBED_PER_MODEL = 8
 _described_lock = threading.Lock()
+# SlotAdvice's counts, in its fields' order (after grad_bytes), less avoidable_peak_bytes
+_COUNTERS = ("fused", "temporaries", "summed_out_of_place", "temporary_bytes", "avoided_bytes", "avoidable_bytes")
 
 
 def _known_descriptions(model):
@@ -136,6 +138,12 @@ def latest_report(model):
     with _described_lock:
         entry = _LATEST.get(id(model))
     return entry[1] if entry is not None and entry[0]() is model else None
+
+
+def _ordered(record):
+    """A backward's slots in the order their tensors were made (a leaf's
+    last): activations of one name are numbered in that order."""
+    return sorted(record.slots, key=lambda slot: (slot.seq is None, slot.seq or 0))
 
 
 def _residual(module):
@@ -173,7 +181,7 @@ class Advise:
             raise RuntimeError("this advise() block is already active; call advise() again for a new one")
         self.report = AdviceReport(type(self.model).__name__ if self.model is not None else None)
         if self.model is not None:
-            modules = list(self.model.named_modules(remove_duplicate=False))  # one walk for both
+            modules = named_modules(self.model)  # one walk for both
             self._names = ParameterNames(modules)
             self._calls = ModuleCalls(self.model, modules)
             self._calls.install()
@@ -246,10 +254,36 @@ class Advise:
         if record.create_graph:
             self.report.note("a backward ran with create_graph=True: the engine sums out of place "
                              "and exposes no buffer there, so no drop-in saves anything in it")
-        # In the order the tensors were made: duplicates are numbered so.
-        ordered = sorted(record.slots, key=lambda slot: (slot.seq is None, slot.seq or 0))
+        key = self._key(record)
+        if key is None:
+            ordered = _ordered(record)
+            self._file(record, ordered, self._describe_all(ordered))
+            return
+        # A training loop's backwards repeat one graph and what reached it:
+        # what this one files in the report is then what the first filed
+        # (kept by the description's key and what reached every slot), replayed.
+        outcome = (key, record.create_graph, record.outcome())
+        with _described_lock:
+            filed = _known_descriptions(self.model).get(outcome)
+        if filed is None:
+            filed = []
+            ordered = _ordered(record)
+            self._file(record, ordered, self._described(key, ordered), filed)
+            with _described_lock:
+                known = _known_descriptions(self.model)
+                if len(known) >= 2 * _DESCRIBED_PER_MODEL:
+                    known.clear()  # graphs that change every step: keep the latest
+                known[outcome] = filed
+            return
+        self._replay(filed)
+
+    def _file(self, record, ordered, described, filed=None):
+        """Account each slot and file it, its savings and routes in the
+        report; ``filed`` (a list): what was filed is appended to it, for
+        ``_replay``."""
         path_name = self._calls.path_name if self._calls is not None else None
-        for (name, kind, producers, tied, modules), slot in zip(self._described(record, ordered), ordered):
+        savings_by_path = {}  # for ``filed``: path -> [stock, drop-in, bytes, [slot names]], as filed
+        for (name, kind, producers, tied, modules), slot in zip(described, ordered):
             advice = SlotAdvice(name, kind, list(producers), slot.grad_bytes or 0, tied=list(tied),
                                 origins=[producers])
             savings = account(advice, slot.arrivals, slot.out_of_place, record.create_graph)
@@ -261,10 +295,50 @@ class Advise:
                 if key is not None:
                     by_module[key] = by_module.get(key, 0) + nbytes
             for (path, stock, drop_in), nbytes in by_module.items():
-                self.report.add_saving(path_name(path), stock, drop_in, name, nbytes)
+                shown = path_name(path)
+                self.report.add_saving(shown, stock, drop_in, name, nbytes)
+                if filed is not None:
+                    group = savings_by_path.setdefault(shown, [stock, drop_in, 0, []])
+                    group[2] += nbytes
+                    group[3].append(name)
             if any(p.route for p in producers):
-                self._add_routes(advice, slot, modules, record.create_graph)
+                route = self._add_routes(advice, slot, modules, record.create_graph)
+                if filed is not None and route is not None:
+                    filed.append((1, route))
+            if filed is not None:
+                counts = tuple(getattr(advice, counter) for counter in _COUNTERS)
+                filed.append((2, (name, kind, producers, tied, advice.grad_bytes, counts,
+                                  advice.avoidable_peak_bytes,
+                                  tuple((c, n) for c, n in zip(_COUNTERS, counts) if n))))
             self.report.add_slot(advice)
+        if filed is not None and savings_by_path:
+            # The savings of the backward per drop-in, summed (add_saving, in bulk)
+            filed.append((0, tuple((path, stock, drop_in, nbytes, tuple(names))
+                                   for path, (stock, drop_in, nbytes, names) in savings_by_path.items())))
+
+    def _replay(self, filed):
+        """File in the report what ``_file`` filed for an identical backward."""
+        report = self.report
+        slots = report._slots
+        for what, args in filed:
+            if what == 0:
+                for path, stock, drop_in, nbytes, names in args:
+                    report.add_savings(path, stock, drop_in, names, nbytes)
+            elif what == 1:
+                report.add_route(*args)
+            else:
+                name, kind, producers, tied, grad_bytes, counters, peak, nonzero = args
+                slot = slots.get(name)
+                if slot is not None and any(o is producers for o in slot.origins):
+                    # SlotAdvice.merge of a slot of these producers: its counts added
+                    for counter, value in nonzero:
+                        setattr(slot, counter, getattr(slot, counter) + value)
+                    if peak > slot.avoidable_peak_bytes:
+                        slot.avoidable_peak_bytes = peak
+                    continue
+                advice = SlotAdvice(name, kind, list(producers), grad_bytes, *counters, peak,
+                                    tied=list(tied), origins=[producers])
+                report.add_slot(advice)
 
     def _add_routes(self, advice, slot, modules, create_graph):
         """What the slot would save beyond fuse(model) with its producers
@@ -282,17 +356,17 @@ class Advise:
         where = modules[index]
         if where is not None:
             path, stock, _ = where
-            self.report.add_route(self._calls.path_name(path), stock, advice.producers[index].route,
-                                  advice.name, max(extra, 0))
+            args = (self._calls.path_name(path), stock, advice.producers[index].route, advice.name, max(extra, 0))
+            self.report.add_route(*args)
+            return args
+        return None
 
-    def _described(self, record, ordered):
+    def _described(self, key, ordered):
         """``_describe_all``'s answer for these slots: the one made for a
         backward of the same structure, same module calls and same names
-        where there is one (a training loop's every step after the first,
-        in one block or one block per step), else made now."""
-        key = self._key(record)
-        if key is None:
-            return self._describe_all(ordered)
+        (``key``, ``_key``'s answer) where there is one (a training loop's
+        every step after the first, in one block or one block per step),
+        else made now."""
         with _described_lock:
             found = _known_descriptions(self.model).get(key)
         if found is not None:
@@ -344,11 +418,9 @@ class Advise:
             return None
         names = self._names.names
         tensors = []
-        for slot in record.slots:
-            leaf = slot.leaf
-            if leaf is not None:
-                found = names.get(id(leaf))
-                tensors.append(tuple(found) if found is not None else tuple(leaf.shape))
+        for leaf in record.leaves():
+            found = names.get(id(leaf))
+            tensors.append(tuple(found) if found is not None else tuple(leaf.shape))
         module = self._module_key
         made = tuple([(begin - start, end - start, path, call, counts[id(m)], module(m))
                       for begin, end, path, m, call, counts in forward])

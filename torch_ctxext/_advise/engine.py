@@ -120,12 +120,17 @@ def _run_backward(t_outputs, *args, **kwargs):
         return run(t_outputs, *args, **kwargs)
     finally:
         with _no_collection():
-            record.finish()
-            with _lock:
-                _backwards = [b for b in _backwards if b is not record]
-            for session in sessions:
-                session.add(record)
-            record.release()
+            try:
+                record.finish()
+                for session in sessions:
+                    try:
+                        session.add(record)
+                    except Exception as error:  # never into the training step
+                        session.failed(error)
+            finally:
+                with _lock:
+                    _backwards = [b for b in _backwards if b is not record]
+                record.release()
             # Its slots, producers and arrivals freed before the collector is
             # back: a collection triggered as it comes back would otherwise
             # move them, dead a moment later, into an older generation.

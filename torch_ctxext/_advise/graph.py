@@ -283,26 +283,78 @@ class Backward:
         roots = [_edge(t) for t in t_outputs]
         input_edges = [_edge(t) for t in inputs] if inputs else []
         self.native, self.native_keeps_nodes = _native_watch(roots, input_edges, grad_tensors)
+        self._slots = None  # [Slot], made where they are read (the C++ watch's: not for a repeated graph)
+        self._outcomes = None  # the C++ watch's results(), once finished
+        self._leaves = None
         if self.native is not None:
-            found = self.native.slots
+            found = self._found = self.native.slots
             self.node_ids = set()
+            # A custom Function producer is named by Python (Slot.native) and
+            # seen by the apply wrapper (_watch): its slots are made now.
+            functions = any([slot.functions for slot in found])
+            # The watch's walk shapes the slots but where a custom Function
+            # produces (Python names it); a build without ``shape``: Python
+            # does (a Found has the fields _shape reads).
+            shaped_by = getattr(self.native, "shape", None) or (self.slots if functions else found)
         else:
             found, nodes = _python_slots(roots, input_edges)
+            self._found = None
             # Every node this backward may run: for nothing_arrived, which
             # only a torch without the extension asks (the extension tells
             # it itself).
             self.node_ids = set(nodes) if _extension_now() is None else set()
-        if self.native is not None:
-            self.slots = [Slot.native(i, slot) for i, slot in enumerate(found)]
-        else:
-            self.slots = [Slot.walked(i, *slot) for i, slot in enumerate(found)]
+            self._slots = shaped_by = [Slot.walked(i, *slot) for i, slot in enumerate(found)]
         # With ``shaped``: the graph's shape, by which advise() knows a
         # backward it has described (taken now, while the slots are fresh
         # in the caches: after the engine's backward it costs five times more).
-        self.lowest, self.shape = _shape(self.slots) if shaped else (None, None)
+        if not shaped:
+            self.lowest, self.shape = None, None
+        elif type(shaped_by) is tuple:
+            self.lowest, self.shape = shaped_by
+        else:
+            self.lowest, self.shape = _shape(shaped_by)
         self.functions = {}  # id(ctx) -> [(slot, producer index)]
         self.slot_of = None  # (id(consumer), nr) -> slot, made where nothing_arrived is asked
         self._watch(grad_tensors)
+
+    @property
+    def slots(self):
+        """[Slot], in the order the walk found them; what reached them
+        filled in once the backward is over (``finish``)."""
+        if self._slots is None:
+            self._slots = [Slot.native(i, slot) for i, slot in enumerate(self._found or ())]
+            if self._outcomes is not None:
+                self._fill(self._outcomes)
+        return self._slots
+
+    def leaves(self):
+        """The tensor of each slot that is a leaf's, in the slots' order."""
+        if self._slots is not None:
+            return [slot.leaf for slot in self._slots if slot.leaf is not None]
+        if self._leaves is None:
+            self._leaves = [slot.consumer.variable for slot in self._found if slot.seq is None]
+        return self._leaves
+
+    def outcome(self):
+        """What reached the slots, per slot in the walk's order: its
+        arrivals, whether the engine summed out of place, the gradient's
+        bytes (as the slot says them): equal for two backwards of one shape
+        that saw the same (hashable). Read from the C++ watch's results
+        without making the slots where they are not made yet."""
+        if self._slots is not None or self._outcomes is None:
+            return tuple([(tuple(slot.arrivals), slot.out_of_place, slot.grad_bytes) for slot in self.slots])
+        leaves = iter(self.leaves())
+        out = []
+        for found, (arrivals, given, first, final, first_bytes) in zip(self._found, self._outcomes):
+            if found.seq is None:  # a leaf's: Slot reads its size from the tensor
+                leaf = next(leaves)
+                grad_bytes = leaf.numel() * leaf.element_size()
+            else:
+                grad_bytes = found.grad_bytes
+                if grad_bytes is None and given:
+                    grad_bytes = first_bytes
+            out.append((tuple(arrivals), first is not None and final is not None and final != first, grad_bytes))
+        return tuple(out)
 
     def _arrive(self, slot, index, gradient, kind=None, stock_view=False):
         if self.native is not None:
@@ -313,6 +365,8 @@ class Backward:
     def _watch(self, grad_tensors):
         posts, pres = {}, {}
         native = self.native is not None  # its hooks are placed, the root gradients arrived
+        if native and self._slots is None:  # no custom Function producer: nothing left to place
+            return
         for slot in self.slots:
             if native:
                 if slot.holds_nodes:  # a custom Function producer: the apply wrapper sees it
@@ -410,22 +464,29 @@ class Backward:
         if native is None:
             return
         native.finish()
-        for slot, outcome in zip(self.slots, native.results()):
-            slot.arrivals = outcome.arrivals
-            slot._given = outcome.given
-            slot.first_address = outcome.first_address
-            slot.final_address = outcome.final_address
-            if slot.grad_bytes is None and outcome.given:
-                slot.grad_bytes = outcome.first_bytes
+        self._outcomes = native.results()
+        if self._slots is not None:
+            self._fill(self._outcomes)
         if native.compiled:
             self.problems.append("it ran under compiled autograd, which calls no C++ hook: "
                                  "what reached its slots was not seen")
         if native.error is not None:
             self.problems.append(f"a gradient could not be read: {native.error}")
 
+    def _fill(self, outcomes):
+        for slot, outcome in zip(self._slots, outcomes):
+            slot.arrivals = outcome.arrivals
+            slot._given = outcome.given
+            slot.first_address = outcome.first_address
+            slot.final_address = outcome.final_address
+            if slot.grad_bytes is None and outcome.given:
+                slot.grad_bytes = outcome.first_bytes
+
     def release(self):
         """Drop every node and tensor this record held."""
-        for slot in self.slots:
+        self._found = None
+        self._leaves = None
+        for slot in self._slots or ():
             slot.consumer = None
             slot.leaf = None
             if slot.holds_nodes:

@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-__all__ = ["ModuleCalls", "ParameterNames"]
+__all__ = ["ModuleCalls", "ParameterNames", "named_modules"]
 
 _probe = threading.local()
 _first = operator.itemgetter(0)
@@ -96,6 +96,23 @@ def _wrappable(cls):
         if own is not None and own is not _timed_call:
             return False
     return False
+
+
+def named_modules(model):
+    """``model.named_modules(remove_duplicate=False)`` as a list, in its
+    order (each module before its children, each path of a shared one),
+    read from each module's ``_modules`` without its recursive generators:
+    advise() walks the model as each block enters."""
+    out = []
+    stack = [("", model)]
+    while stack:
+        path, module = stack.pop()
+        out.append((path, module))
+        children = module.__dict__.get("_modules")
+        if children:
+            prefix = f"{path}." if path else ""
+            stack.extend(reversed([(prefix + name, child) for name, child in children.items() if child is not None]))
+    return out
 
 
 class ModuleCalls:
@@ -288,19 +305,30 @@ class ParameterNames:
 
     def __init__(self, modules):
         """``modules``: the model's named_modules(remove_duplicate=False)."""
-        self.names = {}
-        self.owners = {}
+        # A module's own parameters are its ``_parameters`` (what
+        # named_parameters(recurse=False, remove_duplicate=False) yields,
+        # without its generators: this runs as each block enters).
+        self.names = names = {}
+        self.owners = owners = {}
         for module_path, module in modules:
-            for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
+            parameters = module.__dict__.get("_parameters")
+            if not parameters:
+                continue
+            prefix = f"{module_path}." if module_path else ""
+            for name, p in parameters.items():
                 if p is None:
                     continue
-                full = f"{module_path}.{name}" if module_path else name
-                names = self.names.setdefault(id(p), [])
-                if full not in names:
-                    names.append(full)
-                owners = self.owners.setdefault(id(p), [])
-                if all(m is not module for m in owners):
-                    owners.append(module)
+                full = prefix + name
+                found = names.get(id(p))
+                if found is None:
+                    names[id(p)] = [full]
+                    owners[id(p)] = [module]
+                    continue
+                if full not in found:
+                    found.append(full)
+                held = owners[id(p)]
+                if all(m is not module for m in held):
+                    held.append(module)
 
     def name(self, tensor):
         names = self.names.get(id(tensor))

@@ -306,6 +306,17 @@ class AdviceReport:
         if slot_name not in advice.slots:
             advice.slots.append(slot_name)
 
+    def add_savings(self, path, stock, drop_in, slot_names, nbytes):
+        """``add_saving`` for several slots at once: ``nbytes`` in all."""
+        advice = self.drop_ins.get(path)
+        if advice is None:
+            advice = self.drop_ins[path] = DropInAdvice(path, stock, drop_in)
+        advice.avoidable_bytes += nbytes
+        slots = advice.slots
+        for slot_name in slot_names:
+            if slot_name not in slots:
+                slots.append(slot_name)
+
     def add_route(self, path, stock, attribute, slot_name, nbytes):
         advice = self.routes.get((path, attribute))
         if advice is None:
