@@ -201,3 +201,33 @@ def test_fused_linear_function_is_twice_differentiable_on_every_layout(layout):
     bias = torch.randn(3, dtype=torch.float64, generator=gen, requires_grad=True)
     assert torch.autograd.gradgradcheck(
         lambda a, w, b: torch_ctxext.nn.FusedLinearFunction.apply(lay(a), w, b, True), (leaf, weight, bias))
+
+
+class TransposedDecoder(torch.nn.Module):
+    """A tied autoencoder's decoder: ``F.linear(x, weight.t(), bias)``, or the
+    route advise names for it, ``torch_ctxext.nn.functional.linear``."""
+
+    def __init__(self, routed):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.weight = torch.nn.Parameter(torch.randn(C, 2 * C, generator=gen))
+        self.bias = torch.nn.Parameter(torch.randn(2 * C, generator=gen))
+        self.linear = torch_ctxext.nn.functional.linear if routed else F.linear
+
+    def forward(self, x):
+        return self.linear(x, self.weight.t(), self.bias)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_transposed_weight_route_allocates_what_f_linear_allocates(layout):
+    """functional.linear applies a ``.t()`` weight as the weight itself and
+    multiplies and saves what F.linear does, whatever the input's strides."""
+    stock = Step(TransposedDecoder(routed=False), layout, lambda m, x: m(x))
+    routed = Step(TransposedDecoder(routed=True), layout, lambda m, x: m(x))
+    routed.leaf = stock.leaf.detach().clone().requires_grad_()
+    stock.loss().backward()
+    routed.loss().backward()
+    for (name, p), q in zip(stock.model.named_parameters(), routed.model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-5, msg=name)
+    torch.testing.assert_close(routed.leaf.grad, stock.leaf.grad, rtol=1e-5, atol=1e-5)
+    assert allocations(routed) == allocations(stock)
