@@ -110,6 +110,7 @@ def measure_fused(batch, dim, micro, repeats=15, memory=True, seed=0):
 # a layer stock; this is what a layer swapped anyway costs); several calls
 # per step fuse all but the first to run backward.
 PER_CALL_CASES = [
+    ("16 x 16, 4 rows, used once", 16, 16, 4, 1),
     ("64 x 64, 8 rows, used once", 64, 64, 8, 1),
     ("64 x 64, 8 rows, used 4 times", 64, 64, 8, 4),
     ("512 x 512, 64 rows, used once", 512, 512, 64, 1),

@@ -73,26 +73,28 @@ class FusedLinearFunction(torch.autograd.Function):
         # Runs at every call: the checks are what the common case needs
         # (a matrix, or a contiguous batch), in that order.
         needs_weight = ctx.needs_input_grad[1]
+        shape = x.shape
         column_major = False
-        if x.dim() == 2:
+        if len(shape) == 2:
             saved = x
             out = F.linear(x, weight, bias)
             rows, columns = x.stride()
-            column_major = rows == 1 and (x.shape[1] == 1 or columns >= max(1, x.shape[0]))
+            column_major = rows == 1 and (shape[1] == 1 or columns >= max(1, shape[0]))
         else:
             saved = fold(x, needs_weight)
             if saved is x or saved is None:
                 out = F.linear(x, weight, bias)
             else:
-                out = _unsafe_view(F.linear(saved, weight, bias), x.shape[:-1] + weight.shape[:1])
+                out = _unsafe_view(F.linear(saved, weight, bias), shape[:-1] + weight.shape[:1])
         # What the backward reads, as aten::linear saves it: the (folded)
         # input only where the weight's gradient needs it.
         ctx.save_for_backward(saved if needs_weight else None, weight)
-        ctx.linear = (fuse, bias is not None, x.shape, x.dtype, column_major)
-        if out.dtype != weight.dtype:
+        ctx.linear = (fuse, bias is not None, shape, x.dtype, column_major)
+        dtype = weight.dtype
+        if out.dtype != dtype:
             # autocast computed the output in lower precision: take its
             # gradient in the parameters' precision.
-            ctx.set_output_grad_dtype(weight.dtype)
+            ctx.set_output_grad_dtype(dtype)
         return out
 
     @staticmethod
