@@ -218,6 +218,52 @@ def per_call_table(rows):
     return "\n".join(out)
 
 
+def collect_per_call(rounds=15, instruction_cases=((4, 16, 1), (8, 64, 4))):
+    """What docs/benchmarks.md's "FusedLinear's cost per call" shows, for
+    ``run_all.py --remeasure per_call``: ``measure_per_call`` in this
+    process (one thread), then bench_per_call_instructions.py's counts (one
+    callgrind process per case of ``instruction_cases``: rows, features,
+    uses per step), where valgrind is installed."""
+    import datetime
+    import os
+
+    import torch
+
+    import bench_per_call_instructions
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        load = os.getloadavg()[0]
+        cpu = measure_per_call(rounds=rounds)
+    finally:
+        torch.set_num_threads(threads)
+    instructions = []
+    if bench_per_call_instructions.available() is None:
+        for rows, features, uses in instruction_cases:
+            got = bench_per_call_instructions.measure(rows, features, uses)
+            instructions.append({"rows": rows, "features": features, "uses": uses, **got})
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "rounds": rounds, "load_average": load, "torch": torch.__version__, "cpu": cpu,
+            "instructions": instructions}
+
+
+def instructions_table(rows):
+    """``collect_per_call``'s instruction counts as a Markdown table."""
+    out = ["| layer, step | nn.Linear, thousands of instructions per call (forward + backward / forward) "
+           "| least custom Function - nn.Linear | FusedLinear - nn.Linear | FusedLinear - least custom Function |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        s, f = r["step"], r["forward"]
+        use = "used once" if r["uses"] == 1 else f"used {r['uses']} times"
+        out.append(f"| {r['features']} x {r['features']}, {r['rows']} rows, {use} "
+                   f"| {s['stock'] / 1e3:.1f}k / {f['stock'] / 1e3:.1f}k "
+                   f"| {(s['floor'] - s['stock']) / 1e3:+.1f}k / {(f['floor'] - f['stock']) / 1e3:+.1f}k "
+                   f"| **{(s['fused'] - s['stock']) / 1e3:+.1f}k** / {(f['fused'] - f['stock']) / 1e3:+.1f}k "
+                   f"| {(s['fused'] - s['floor']) / 1e3:+.1f}k / {(f['fused'] - f['floor']) / 1e3:+.1f}k |")
+    return "\n".join(out)
+
+
 def _mixer(tokens=64, channels=32, depth=2, batch=8):
     """An MLP-Mixer with its block shared ``depth`` times (token mixing: a
     Linear along the sequence axis of the transposed activation), a
