@@ -110,6 +110,7 @@ def measure_fused(batch, dim, micro, repeats=15, memory=True, seed=0):
 # a layer stock; this is what a layer swapped anyway costs); several calls
 # per step fuse all but the first to run backward.
 PER_CALL_CASES = [
+    ("16 x 16, 4 rows, used once", 16, 16, 4, 1),
     ("64 x 64, 8 rows, used once", 64, 64, 8, 1),
     ("64 x 64, 8 rows, used 4 times", 64, 64, 8, 4),
     ("512 x 512, 64 rows, used once", 512, 512, 64, 1),
@@ -214,6 +215,52 @@ def per_call_table(rows):
                    f"| **{r['step_cpu_extra_us']:+.1f}** / {r['step_wall_extra_us']:+.1f} "
                    f"| {r['step_cpu_floor_us']:+.1f} / {r['step_wall_floor_us']:+.1f} "
                    f"| {r['no_grad_cpu_extra_us']:+.1f} / {r['no_grad_wall_extra_us']:+.1f} |")
+    return "\n".join(out)
+
+
+def collect_per_call(rounds=15, instruction_cases=((4, 16, 1), (8, 64, 4))):
+    """What docs/benchmarks.md's "FusedLinear's cost per call" shows, for
+    ``run_all.py --remeasure per_call``: ``measure_per_call`` in this
+    process (one thread), then bench_per_call_instructions.py's counts (one
+    callgrind process per case of ``instruction_cases``: rows, features,
+    uses per step), where valgrind is installed."""
+    import datetime
+    import os
+
+    import torch
+
+    import bench_per_call_instructions
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        load = os.getloadavg()[0]
+        cpu = measure_per_call(rounds=rounds)
+    finally:
+        torch.set_num_threads(threads)
+    instructions = []
+    if bench_per_call_instructions.available() is None:
+        for rows, features, uses in instruction_cases:
+            got = bench_per_call_instructions.measure(rows, features, uses)
+            instructions.append({"rows": rows, "features": features, "uses": uses, **got})
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "rounds": rounds, "load_average": load, "torch": torch.__version__, "cpu": cpu,
+            "instructions": instructions}
+
+
+def instructions_table(rows):
+    """``collect_per_call``'s instruction counts as a Markdown table."""
+    out = ["| layer, step | nn.Linear, thousands of instructions per call (forward + backward / forward) "
+           "| least custom Function - nn.Linear | FusedLinear - nn.Linear | FusedLinear - least custom Function |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        s, f = r["step"], r["forward"]
+        use = "used once" if r["uses"] == 1 else f"used {r['uses']} times"
+        out.append(f"| {r['features']} x {r['features']}, {r['rows']} rows, {use} "
+                   f"| {s['stock'] / 1e3:.1f}k / {f['stock'] / 1e3:.1f}k "
+                   f"| {(s['floor'] - s['stock']) / 1e3:+.1f}k / {(f['floor'] - f['stock']) / 1e3:+.1f}k "
+                   f"| **{(s['fused'] - s['stock']) / 1e3:+.1f}k** / {(f['fused'] - f['stock']) / 1e3:+.1f}k "
+                   f"| {(s['fused'] - s['floor']) / 1e3:+.1f}k / {(f['fused'] - f['floor']) / 1e3:+.1f}k |")
     return "\n".join(out)
 
 

@@ -240,6 +240,49 @@ def wheels_section(r):
     ] if r.get("verify_seconds_per_build") else [])
 
 
+TARGET_PER_CALL_US = 5.0  # the issue's target: a drop-in at most 5 us a call above its stock module
+
+
+def per_call_section(r):
+    """FusedLinear's cost per call (bench_fused.py's collect_per_call)."""
+    small = r["cpu"][0]
+    floor, extra = small["step_cpu_floor_us"], small["step_cpu_extra_us"]
+    verdict = (
+        f"The target, at most {TARGET_PER_CALL_US:.0f} us a call above `nn.Linear` (forward and backward), "
+        f"is below the floor: on the smallest layer the least custom Function costs {floor:+.1f} us a call "
+        f"over `nn.Linear` (CPU time) and FusedLinear {extra:+.1f} us, {extra - floor:+.1f} us above the floor."
+        if floor > TARGET_PER_CALL_US else
+        f"On the smallest layer the least custom Function costs {floor:+.1f} us a call over `nn.Linear` "
+        f"(CPU time) and FusedLinear {extra:+.1f} us (target: at most {TARGET_PER_CALL_US:.0f} us).")
+    lines = [
+        "## FusedLinear's cost per call",
+        "",
+        f"Measured {r['date']} on torch {r['torch']}, one thread, {r['rounds']} rounds, load average "
+        f"{r['load_average']:.1f} at the start (`run_all.py --remeasure per_call`). A call of `FusedLinear` "
+        "is a Python `autograd.Function`: `Function.apply`'s Python wrapper, a ctx, a Python backward. "
+        "The least custom Function (`F.linear` forward; backward `g @ W`, `g.t() @ x`, `g.sum(0)`, the "
+        "products of `nn.Linear`'s own backward) is the floor no Python drop-in goes below. Each step is "
+        "`calls` uses of the layer summed into one backward (several uses: all but the first to run "
+        "backward add into the engine's buffers); medians over rounds of the per-round difference "
+        "against `nn.Linear`, in the CPU time of the measuring thread (`time.thread_time`: other processes' load does not count) and in wall time:",
+        "",
+        bench_fused.per_call_table(r["cpu"]),
+        "",
+        verdict,
+        "",
+    ]
+    if r.get("instructions"):
+        lines += [
+            "The same in instructions (`benchmarks/bench_per_call_instructions.py`, callgrind: free of the "
+            "machine's noise; instructions are not time, a Python-level step costs more time per "
+            "instruction than a matrix product):",
+            "",
+            bench_fused.instructions_table(r["instructions"]),
+            "",
+        ]
+    return lines
+
+
 def render_page(results, command):
     m = results["machine"]
     la0 = m.get("load_average_at_start")
@@ -427,6 +470,8 @@ def render_page(results, command):
             bench_import.builds_table(results["build_releases"]),
             "",
         ]
+    if "per_call" in results:
+        lines += per_call_section(results["per_call"])
     lines += ["## How it is measured", "", METHOD]
     return "\n".join(lines)
 

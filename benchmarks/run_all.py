@@ -67,6 +67,12 @@ not fit on the disk together can be measured one after another
 cache on 2.13, ``--torch-2-15`` and each of ``--other-releases``, and merges
 the rows release by release.
 
+``--remeasure per_call`` measures FusedLinear's cost per call against
+nn.Linear's and the least custom Function's in this interpreter
+(bench_fused.py's ``collect_per_call``: CPU time side by side, and
+instructions under callgrind, bench_per_call_instructions.py; about 6
+minutes).
+
 ``--remeasure instructions`` counts the idle cost in instructions under
 callgrind (bench_idle_instructions.py: free of the machine's noise; about 4
 minutes per release) on ``--torch-2-13`` and each of ``--other-releases``
@@ -228,7 +234,7 @@ def parse_args(argv):
     )
     parser.add_argument(
         "--remeasure", choices=["check_function", "model", "advise", "advise_models", "install", "releases", "read", "builds", "instructions",
-                                "import_cost", "first_import", "wheels"],
+                                "import_cost", "first_import", "wheels", "per_call"],
         action="append", default=[],
         help="with --from-json: measure this part again (with --torch-2-13 / this "
         "interpreter and --torch-2-15 where given) and keep the rest of the earlier "
@@ -291,6 +297,8 @@ def remeasure(results, args, parser):
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             bench_first_import.main(["--python", args.torch_2_13 or sys.executable, "--json", f.name])
             results["first_import"] = json.load(open(f.name))
+    if "per_call" in args.remeasure:
+        results["per_call"] = bench_fused.collect_per_call(rounds=5 if results["quick"] else 15)
     if "wheels" in args.remeasure:
         with open(args.wheels_summary) as f:
             results["wheels"] = json.load(f)

@@ -410,3 +410,15 @@ def test_the_conv1d_modules_docstring_example_runs_as_written():
 
     result = doctest.testmod(conv1d, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_cached_vector_of_ones_has_each_length_asked_for_across_its_growth_and_is_made_once():
+    """The fused bias sum's ones (``_matmul.ones``): a view per row count,
+    made once, still ones of that length after the vector grew."""
+    from torch_ctxext.nn._matmul import ones
+
+    like = torch.zeros(1, dtype=torch.float64)
+    for rows in (3, 5000, 3, 7, 5000, 20000, 3, 1):
+        vector = ones(rows, like)
+        assert vector.dtype == torch.float64 and torch.equal(vector, torch.ones(rows, dtype=torch.float64))
+    assert ones(3, like) is ones(3, like)

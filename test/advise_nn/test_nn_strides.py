@@ -231,3 +231,32 @@ def test_the_transposed_weight_route_allocates_what_f_linear_allocates(layout):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-5, msg=name)
     torch.testing.assert_close(routed.leaf.grad, stock.leaf.grad, rtol=1e-5, atol=1e-5)
     assert allocations(routed) == allocations(stock)
+
+
+@pytest.mark.parametrize("needs_input", [True, False], ids=["input", "frozen-input"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fuse", "no-fuse"])
+@pytest.mark.parametrize("layout", ["matrix", *LAYOUTS])
+def test_fused_linear_used_once_returns_what_linear_grads_returns_bit_for_bit(layout, fused, needs_input):
+    """With nothing to add into, FusedLinearFunction's backward computes a
+    row-major matrix's gradients without linear_grads (the per-call
+    shortcut): the same bits as linear_grads, the route of every other case."""
+    from torch_ctxext.nn import FusedLinearFunction
+    from torch_ctxext.nn._matmul import fold, is_column_major, linear_grads
+
+    make, lay = LAYOUTS.get(layout, (lambda: torch.randn(B * T, C), lambda a: a))
+    gen = torch.Generator().manual_seed(0)
+    leaf = make().requires_grad_(needs_input)
+    weight = torch.randn(3, C, generator=gen, requires_grad=True)
+    bias = torch.randn(3, generator=gen, requires_grad=True)
+    x = lay(leaf)
+    out = FusedLinearFunction.apply(x, weight, bias, fused)
+    g = torch.randn(out.shape, generator=gen)
+    inputs = (x, weight, bias) if needs_input else (weight, bias)
+    got = torch.autograd.grad(out, inputs, g)
+    with torch.no_grad():
+        expected = linear_grads(g, fold(x.detach(), True), weight.detach(), (needs_input, True, True),
+                                (None, None, None), True, x.shape, x.dtype, is_column_major(x))
+    expected = [e for e in expected if e is not None]
+    assert len(got) == len(expected)
+    for a, e in zip(got, expected):
+        assert torch.equal(a, e)

@@ -24,6 +24,8 @@ import torch
 __all__ = ["fold", "is_column_major", "input_grad", "weight_grad", "bias_grad", "backward", "linear_grads"]
 
 _ones = {}  # (device, dtype) -> a vector of ones, grown as needed, never shrunk
+_ones_rows = {}  # (device, dtype, rows) -> that vector's first rows (a view, made once: a slice costs ~1 us)
+_ONES_ROWS_KEPT = 64  # distinct row counts remembered before the views are dropped and made again
 _ones_lock = threading.Lock()
 _unsafe_view = torch.ops.aten._unsafe_view
 
@@ -72,12 +74,20 @@ def as_matrix(t):
 def ones(rows, like):
     """``rows`` ones of ``like``'s dtype and device, from a cache: the bias's
     fused sum allocates nothing at each add."""
-    key = (like.device, like.dtype)
+    device, dtype = like.device, like.dtype
+    view = _ones_rows.get((device, dtype, rows))
+    if view is not None:
+        return view
+    key = (device, dtype)
     with _ones_lock:
         vector = _ones.get(key)
         if vector is None or vector.numel() < rows:
-            vector = _ones[key] = torch.ones(max(rows, 1024), dtype=like.dtype, device=like.device)
-    return vector[:rows]
+            vector = _ones[key] = torch.ones(max(rows, 1024), dtype=dtype, device=device)
+            _ones_rows.clear()  # the views of a smaller vector would keep its storage alive
+        elif len(_ones_rows) >= _ONES_ROWS_KEPT:
+            _ones_rows.clear()
+        view = _ones_rows[(device, dtype, rows)] = vector[:rows]
+    return view
 
 
 def input_grad(g, w_x, shape, x_buf, column_major=False):

@@ -53,7 +53,6 @@ from ._matmul import fold, linear_grads
 _unsafe_view = torch.ops.aten._unsafe_view
 _grad_enabled = torch.is_grad_enabled
 _compiling = torch.compiler.is_compiling
-_NO_BUFFERS = (None, None, None)
 
 __all__ = ["FusedLinear", "FusedLinearFunction"]
 
@@ -74,26 +73,28 @@ class FusedLinearFunction(torch.autograd.Function):
         # Runs at every call: the checks are what the common case needs
         # (a matrix, or a contiguous batch), in that order.
         needs_weight = ctx.needs_input_grad[1]
+        shape = x.shape
         column_major = False
-        if x.dim() == 2:
+        if len(shape) == 2:
             saved = x
             out = F.linear(x, weight, bias)
             rows, columns = x.stride()
-            column_major = rows == 1 and (x.shape[1] == 1 or columns >= max(1, x.shape[0]))
+            column_major = rows == 1 and (shape[1] == 1 or columns >= max(1, shape[0]))
         else:
             saved = fold(x, needs_weight)
             if saved is x or saved is None:
                 out = F.linear(x, weight, bias)
             else:
-                out = _unsafe_view(F.linear(saved, weight, bias), x.shape[:-1] + weight.shape[:1])
+                out = _unsafe_view(F.linear(saved, weight, bias), shape[:-1] + weight.shape[:1])
         # What the backward reads, as aten::linear saves it: the (folded)
         # input only where the weight's gradient needs it.
         ctx.save_for_backward(saved if needs_weight else None, weight)
-        ctx.linear = (fuse, bias is not None, x.shape, x.dtype, column_major)
-        if out.dtype != weight.dtype:
+        ctx.linear = (fuse, bias is not None, shape, x.dtype, column_major)
+        dtype = weight.dtype
+        if out.dtype != dtype:
             # autocast computed the output in lower precision: take its
             # gradient in the parameters' precision.
-            ctx.set_output_grad_dtype(weight.dtype)
+            ctx.set_output_grad_dtype(dtype)
         return out
 
     @staticmethod
@@ -108,15 +109,27 @@ class FusedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        # Runs at every call: readable_buffers inlined, and where there is
+        # nothing to add into (a layer used once, the first use to run
+        # backward, double backward) the three products of nn.Linear's own
+        # backward, without linear_grads' generality.
         x, weight = ctx.saved_tensors
         fuse, has_bias, shape, dtype, column_major = ctx.linear
-        if fuse and not _grad_enabled() and not _compiling():
-            buffers = ctx.input_grad_buffers[:3]  # (readable_buffers, inlined: this runs at every call)
-        else:
-            buffers = _NO_BUFFERS
         needs = ctx.needs_input_grad
-        return (*linear_grads(grad_out, x, weight, (needs[0], needs[1], has_bias and needs[2]), buffers, True,
-                              shape, dtype, column_major), None)
+        if fuse and not _grad_enabled() and not _compiling():
+            x_buf, w_buf, b_buf, _ = ctx.input_grad_buffers
+            plain = x_buf is None and w_buf is None and b_buf is None
+        else:
+            x_buf = w_buf = b_buf = None
+            plain = True
+        if plain and not column_major and grad_out.dim() == 2 and grad_out.dtype == dtype == weight.dtype:
+            # What linear_grads computes here, op for op (the same bits).
+            return (grad_out.mm(weight) if needs[0] else None,
+                    grad_out.t().mm(x) if needs[1] else None,
+                    grad_out.sum(0) if has_bias and needs[2] else None,
+                    None)
+        return (*linear_grads(grad_out, x, weight, (needs[0], needs[1], has_bias and needs[2]), (x_buf, w_buf, b_buf),
+                              True, shape, dtype, column_major), None)
 
 
 class FusedLinear(torch.nn.Linear):
