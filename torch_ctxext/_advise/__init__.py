@@ -432,12 +432,12 @@ class Advise:
         key = (id(module), type(module))
         found = self._modules.get(key)
         if found is None:
-            from ..nn.fuse import drop_in_for
+            from ..nn.drop_ins import drop_in_for
 
             drop_in = drop_in_for(module)
             found = self._modules[key] = (type(module), drop_in, _residual(module))
             if drop_in is None:
-                from ..nn.fuse import why_not
+                from ..nn.drop_ins import why_not
 
                 reason = why_not(module)
                 if reason:
@@ -511,7 +511,7 @@ class Advise:
         producer (its node's name ``op``) of a module for the slot: the same
         for every call of the module and every backward of a block, so
         worked out once per block."""
-        from ..nn.fuse import drop_in_for
+        from ..nn.drop_ins import drop_in_for
 
         drop_in = drop_in_for(module)
         if drop_in is not None:

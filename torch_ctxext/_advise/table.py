@@ -114,9 +114,9 @@ def _left(report, slots):
 def _drop_in_name(name):
     """``torch_ctxext.nn.FusedLinear``; a class fuse() makes for a subclass
     (``FusedScaledEmbedding``) is not in the package: named as made."""
-    from .. import nn
+    from ..nn.drop_ins import DROP_INS
 
-    if name in nn.__all__ or name == "FusedConv1D":
+    if name in {cls.__name__ for cls in DROP_INS.values()} or name == "FusedConv1D":
         return f"torch_ctxext.nn.{name}"
     return f"{name} (made by fuse)"
 

@@ -29,7 +29,8 @@ from .attention import FusedMultiheadAttention, FusedProjectionFunction
 from .conv1d import FusedConv1DFunction
 from .embedding import FusedEmbedding, FusedEmbeddingFunction
 from .gru import FusedGRUCell, FusedGRUGatesFunction
-from .fuse import DROP_INS, drop_in_for, fuse, subclass_drop_in, why_not
+from .drop_ins import DROP_INS, drop_in_for, subclass_drop_in, why_not
+from .fuse import fuse
 from .linear import FusedLinear, FusedLinearFunction
 from .rnn import FusedLSTMCell, FusedLSTMGatesFunction
 
