@@ -163,14 +163,20 @@ class Job:
             return os.path.join(self.cache, f"venv-{version}-wheel")
         return self.venvs.dir(version, python_version)
 
-    def plugin_tests(self, version, python_version, python):
-        """The plugin's own tests, on a source install with ninja and the test
-        device (they are about a source install too: the build at first
-        import, its lock, its failures)."""
+    def plugin_tests(self, version, python_version, python, install):
+        """The plugin's own tests, with ninja and the test device, on the copy
+        ``install`` says: "sources" (installed from the tree, built at its
+        first import: the tests of that build, its lock, its failures run
+        there) or "wheel" (the binary wheel already installed in that venv:
+        what a test expects comes from how the copy was installed, and those
+        of the build at import do not apply)."""
         command([python, "-m", "pip", "install", "-q", "ninja"], env=self.venvs.pip_env(version, python_version),
                 log=self.log(f"ninja-{version}-py{python_version}.log"))
         venv = os.path.dirname(os.path.dirname(python))
-        self.venvs.install_sources(venv, log=self.log(f"install-{version}-py{python_version}.log"))
+        if install == "sources":
+            self.venvs.install_sources(venv, log=self.log(f"install-{version}-py{python_version}.log"))
+        elif install != "wheel":
+            raise ValueError(f"install={install!r}: 'sources' or 'wheel'")
         # The tests that need the test device run here too (the CI releases'
         # steps leave those of the oldest release to this run).
         self.venvs.install_testdevice(venv, log=self.log(f"testdevice-{version}-py{python_version}.log"))
@@ -242,9 +248,11 @@ def test(job, args):
       the build advise watches in Python);
     * the binary wheels: each installed alone and checked without a compiler
       (3.11 and 3.13 with the default release, 3.10 with the oldest); the
-      plugin's own tests on a source install with the test device on 3.13
-      (PyPI's CUDA build, the newest CPython) and on 3.10 (the oldest torch
-      and CPython);
+      plugin's own tests on the binary wheel installed (with ninja and the
+      test device) on 3.13 (PyPI's CUDA build, the newest CPython), and on a
+      source install on 3.10 (the oldest torch and CPython): the install
+      modes a user has, the tests of the build at first import on the
+      latter (and on the default release, run from the tree);
     * the documentation site.
     """
     os.chdir("/tmp")
@@ -338,16 +346,17 @@ def test(job, args):
         return (f"the binary wheel installed alone, imported and checked without a compiler: CPython "
                 f"{python_version}, torch {version}", job.wheel_check, version, python_version, dist, background)
 
-    def plugin_step(version, python_version, python):
-        steps.run(f"the plugin's own tests, installed from source, with the test device: CPython {python_version}, "
-                  f"torch {version}", job.plugin_tests, version, python_version, python)
+    def plugin_step(version, python_version, python, install):
+        how = {"wheel": "the binary wheel installed", "sources": "installed from source"}[install]
+        steps.run(f"the plugin's own tests, {how}, with the test device: CPython {python_version}, "
+                  f"torch {version}", job.plugin_tests, version, python_version, python, install)
 
     _, (_, python) = steps.together(wheel_step(default, "3.11"), wheel_step(default, "3.13"))
-    plugin_step(default, "3.13", python)
+    plugin_step(default, "3.13", python, "wheel")
     (_, python), _ = steps.together(wheel_step(oldest, "3.10"),
                                     ("documentation site (warnings are errors)",
                                      lambda: (background.wait("venv-docs"), job.docs())[1]))
-    plugin_step(oldest, "3.10", python)
+    plugin_step(oldest, "3.10", python, "sources")
     steps.summary("test")
 
 
@@ -474,7 +483,7 @@ def matrix(job, args):
     text, python = steps.run(f"the binary wheel installed alone, imported and checked without a compiler: CPython 3.12, "
                              f"torch {newest}", lambda: job.wheel_check(newest, "3.12", dist))
     steps.run(f"the plugin's own tests, installed from source, with the test device: CPython 3.12, torch {newest}",
-              job.plugin_tests, newest, "3.12", python)
+              job.plugin_tests, newest, "3.12", python, "sources")
     if not keep:
         shutil.rmtree(venvs.dir(newest, "3.12"), ignore_errors=True)
     steps.run("compatibility matrix regenerated (docs/compatibility.md, README.md, docs/compat/)", lambda: command(
