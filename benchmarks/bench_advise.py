@@ -39,6 +39,7 @@ import sys
 import time
 
 import bench
+import transformers_sizes
 
 sys.path.insert(0, os.path.join(bench.ROOT, "examples"))
 
@@ -383,10 +384,12 @@ is installed, an unrolled ``nn.GRUCell``, four backwards in one block, a
 tied autoencoder, one ``nn.TransformerEncoderLayer`` applied four times):
 the training step unwatched, inside ``advise(model)`` with the C++ watch
 (torch_ctxext's extension; on 2.15 the build ``python -m torch_ctxext
-build`` makes) and inside ``advise(model)`` with Python's watch, interleaved
+build`` makes), inside ``advise(model)`` with Python's watch, and the same
+model built again and fused by ``fuse(model, step=...)`` (only the modules
+a watched step shows receiving more than one gradient), interleaved
 (the order rotates each round), each round ``inner`` steps of each (about
 0.15 s; 0.05 s with ``--quick``); per round the ratio of process CPU time and
-of wall time, watched over unwatched; the median over 9 rounds (7 with
+of wall time, watched (or fused) over unwatched; the median over 9 rounds (7 with
 ``--quick``). ``--cost-table`` puts the runs of several releases side by
 side."""
 
@@ -499,7 +502,7 @@ COST_PLAN = [
     (None, "shared encoder layer", {"dim": 256, "heads": 4, "depth": 4, "batch": 4, "seq": 128},
      {"dim": 64, "heads": 2, "depth": 4, "batch": 2, "seq": 32}),
 ]
-COST_VARIANTS = ("stock", "advised", "python")
+COST_VARIANTS = ("stock", "advised", "python", "fused")
 
 
 def _cost_workload(registry, model, sizes):
@@ -512,14 +515,23 @@ def _cost_workload(registry, model, sizes):
 def measure_advise_cost(registry, model, sizes, rounds=9, target_s=0.15):
     """advise()'s cost on one model (see the comment above): per variant the
     median seconds of a step (CPU, wall), and the medians over rounds of
-    the ratios to the unwatched step; ``watch``: which watch "advised" got."""
+    the ratios to the unwatched step; ``watch``: which watch "advised" got;
+    ``swapped``: how many modules ``fuse(model, step=...)`` swapped in the
+    copy built the same way that the "fused" variant steps."""
     import torch
 
     import torch_ctxext
+    import torch_ctxext.nn
     from torch_ctxext._advise import graph
 
     net, step = _cost_workload(registry, model, sizes)
     native = graph._native_watch  # the C++ watch where there is one
+    # The fused variant: the same model built again (same seed), fused where
+    # a watched step says it pays, as a user calls fuse().
+    fused_net, fused_step = _cost_workload(registry, model, sizes)
+    classes = {name: type(m) for name, m in fused_net.named_modules()}
+    torch_ctxext.nn.fuse(fused_net, step=fused_step)
+    swapped = sum(type(m) is not classes[name] for name, m in fused_net.named_modules())
 
     def stock():
         net.zero_grad(set_to_none=True)
@@ -537,7 +549,11 @@ def measure_advise_cost(registry, model, sizes, rounds=9, target_s=0.15):
         finally:
             graph._native_watch = native
 
-    runs = {"stock": stock, "advised": advised, "python": python}
+    def fused():
+        fused_net.zero_grad(set_to_none=True)
+        fused_step()
+
+    runs = {"stock": stock, "advised": advised, "python": python, "fused": fused}
     seen = []
     original = graph.Backward.finish
 
@@ -568,9 +584,9 @@ def measure_advise_cost(registry, model, sizes, rounds=9, target_s=0.15):
             times[v]["cpu"].append((time.process_time() - c) / inner)
             times[v]["wall"].append((time.perf_counter() - w) / inner)
         order = order[1:] + order[:1]
-    out = {"torch": torch.__version__, "watch": watch, "inner": inner, "rounds": rounds,
+    out = {"torch": torch.__version__, "watch": watch, "inner": inner, "rounds": rounds, "swapped": swapped,
            "ms": {v: {k: statistics.median(t) * 1e3 for k, t in times[v].items()} for v in COST_VARIANTS}}
-    for v in ("advised", "python"):
+    for v in ("advised", "python", "fused"):
         for k in ("cpu", "wall"):
             ratios = [a / b for a, b in zip(times[v][k], times["stock"][k])]
             out[f"{v}/stock {k}"] = statistics.median(ratios)
@@ -591,25 +607,28 @@ def collect_cost(quick=False):
             continue
         for size, chosen in (("benchmark", sizes), ("1-5 ms", small)):
             if chosen is None:
-                import bench_advise_models
-
-                chosen = bench_advise_models.SIZES[model]
+                chosen = transformers_sizes.SIZES[model]
             got = measure_advise_cost(registry, model, chosen, rounds=7 if quick else 9,
                                       target_s=0.05 if quick else 0.15)
             rows.append({"registry": registry, "model": model, "size": size, "sizes": chosen, **got})
             bench.log(f"advise cost {model} ({size}): {got['ms']['stock']['cpu']:.1f} ms, "
-                      f"{got['advised/stock cpu']:.3f} / {got['python/stock cpu']:.3f}")
+                      f"{got['advised/stock cpu']:.3f} / {got['python/stock cpu']:.3f}, "
+                      f"fused {got['fused/stock cpu']:.3f} ({got['swapped']} swapped)")
     return {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_average": bench.load_average(), "rows": rows}
 
 
 def cost_table(runs):
     """Markdown: per model and size, each release's step and advise's cost
-    (C++ watch, Python's watch), CPU time and wall time."""
+    (C++ watch, Python's watch), CPU time and wall time; and, for the runs
+    that measured it, the model fused (``fuse(model, step=...)``) against
+    stock."""
+    with_fused = [any("fused/stock cpu" in row for row in r["rows"]) for r in runs]
     head = "| model | size |" + "".join(
         f" {r.get('label', r['torch'])}: step ms (CPU) | C++ watch: CPU / wall | Python's watch: CPU / wall |"
-        for r in runs)
-    out = [head, "|---|---|" + "---|---|---|" * len(runs)]
+        + (" fused / stock: CPU / wall (modules swapped) |" if fused else "")
+        for r, fused in zip(runs, with_fused))
+    out = [head, "|---|---|" + "".join("---|---|---|" + ("---|" if fused else "") for fused in with_fused)]
     keys = []
     for r in runs:
         for row in r["rows"]:
@@ -619,16 +638,19 @@ def cost_table(runs):
     for registry, model, size in keys:
         name = model if registry != "transformers_models" else f"{model} (transformers)"
         line = f"| {name} | {size} |"
-        for r in runs:
+        for r, fused in zip(runs, with_fused):
             row = next((x for x in r["rows"] if (x["registry"], x["model"], x["size"]) == (registry, model, size)),
                        None)
             if row is None:
-                line += " — | — | — |"
+                line += " — | — | — |" + (" — |" if fused else "")
                 continue
             cpp = (f"{row['advised/stock cpu']:.3f} / {row['advised/stock wall']:.3f}" if row["watch"] == "C++"
                    else "no C++ watch")
             line += (f" {row['ms']['stock']['cpu']:.2f} | {cpp} | "
                      f"{row['python/stock cpu']:.3f} / {row['python/stock wall']:.3f} |")
+            if fused:
+                line += (f" {row['fused/stock cpu']:.3f} / {row['fused/stock wall']:.3f} ({row['swapped']}) |"
+                         if "fused/stock cpu" in row else " — |")
         out.append(line)
     return "\n".join(out)
 

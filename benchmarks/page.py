@@ -463,7 +463,7 @@ def render_page(results, command):
             "`python -c \"import torch_ctxext\"` on a sources-only copy of this checkout's "
             "package with an empty build cache (`run_all.py --remeasure builds`: three rounds, the "
             "releases in turn within each round): what a user waits for once per torch. The sources are compiled in at most "
-            "two generated translation units (`torch_ctxext/_ext/sources.py`), leaving out those "
+            "two generated translation units (`_torch_ctxext_build/sources.py`), leaving out those "
             "whose member the torch provides; torch 2.15 needs nothing and builds nothing. "
             "Other load on the machine only adds time: the load average is given.",
             "",
