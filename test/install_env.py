@@ -62,7 +62,7 @@ def copy_checkout(dest):
     shutil.copytree(
         ROOT, dest,
         ignore=shutil.ignore_patterns(
-            ".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "_build_info.py",
+            ".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "_build_info.py", "layout-*.json",
             "docs", "benchmarks", "tools", "test", ".venv*", ".hypothesis", ".pytest_cache",
         ),
     )

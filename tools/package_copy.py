@@ -2,8 +2,9 @@
 
 * :func:`sources_only_copy`: the package with its C++ sources and its build
   layer (``_torch_ctxext_build``, beside it) and nothing built (no
-  extension, no build record, no packaged binaries): what an sdist or a
-  checkout installs;
+  extension, no build record, no packaged binaries, no layout verdict of a
+  build made in place): what an sdist or a checkout installs, whichever
+  install it is copied from;
 * :func:`add_packaged_binaries`: binaries as a wheel carries them,
   ``_binaries/<name>/_C.so`` and ``_binaries/manifest.json`` (each build's
   manifest entry with its path and digest; see ``torch_ctxext/_ext/loader.py``).
@@ -25,7 +26,11 @@ __all__ = ["sources_only_copy", "add_packaged_binaries", "ROOT"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD_LAYER = "_torch_ctxext_build"
-_NOT_SOURCES = shutil.ignore_patterns("__pycache__", "_C*", "_build_info.py", "_binaries")
+# What a build leaves in the package: the extension, its record, packaged
+# binaries, and the layout verdicts kept beside a library built in place
+# (layout_verdict.verdict_name: layout-<key>.json, .layout-*.tmp while written).
+_NOT_SOURCES = shutil.ignore_patterns("__pycache__", "_C*", "_build_info.py", "_binaries", "layout-*.json",
+                                      ".layout-*.tmp")
 
 
 def sources_only_copy(package_dir, site):

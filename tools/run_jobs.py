@@ -131,8 +131,8 @@ class Job:
         copy = os.path.join(self.cache, "sources")
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
-            ".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "_build_info.py", ".venv*", ".hypothesis",
-            ".pytest_cache"))
+            ".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "_build_info.py", "layout-*.json", ".venv*",
+            ".hypothesis", ".pytest_cache"))
         return copy
 
     def wheel_check(self, version, python_version, dist, background=None):

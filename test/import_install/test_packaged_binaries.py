@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -60,6 +61,27 @@ def this_torch(**changes):
     return dict({"torch": torch.__version__, "git": torch.version.git_version,
                  "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI), "python": sys.implementation.cache_tag},
                 **changes)
+
+
+def test_a_sources_only_copy_of_an_install_built_in_place_carries_nothing_of_that_build(tmp_path):
+    """``pip install --no-build-isolation`` with a compiler builds in place:
+    the package then holds the extension, its record and the layout verdict
+    kept beside it. A sources-only copy of it (what these tests install by
+    hand) carries none of them: a verdict without its binary would be read
+    as the packaged one's."""
+    installed = tmp_path / "installed" / "torch_ctxext"
+    shutil.copytree(PACKAGE, installed, ignore=shutil.ignore_patterns("__pycache__", "_C*", "layout-*.json"))
+    shutil.copytree(os.path.join(os.path.dirname(PACKAGE), "_torch_ctxext_build"),
+                    tmp_path / "installed" / "_torch_ctxext_build", ignore=shutil.ignore_patterns("__pycache__"))
+    if not (installed / "csrc").is_dir():  # a checkout keeps them beside the package; an install, inside
+        shutil.copytree(os.path.join(ROOT, "csrc"), installed / "csrc")
+    built = ["_C.cpython-311-x86_64-linux-gnu.so", "_build_info.py", "layout-0123456789abcdef01234567.json",
+             ".layout-x.tmp"]
+    for name in built:
+        (installed / name).write_text("built here\n")
+    copy = pathlib.Path(sources_only_copy(str(installed), str(tmp_path / "site")))
+    assert sorted(set(os.listdir(copy)) & set(built)) == []
+    assert (copy / "__init__.py").is_file() and (copy / "csrc").is_dir()
 
 
 def binary_install(tmp_path, entries, damage=None):
