@@ -30,6 +30,10 @@ PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--r
 USAGE = "usage: python3 tools/run.py check|test|matrix [--keep] [--bench]|docs|wheels [...]|ci"
 
 
+# How the copy plugin_tests tests was installed -> how its step says so.
+INSTALLS = {"sources": "installed from source", "wheel": "the binary wheel installed"}
+
+
 class Job:
     """What every job shares: the release facts, the cache, the venvs, the
     output folder (reports, logs) and the steps' clock."""
@@ -170,13 +174,13 @@ class Job:
         there) or "wheel" (the binary wheel already installed in that venv:
         what a test expects comes from how the copy was installed, and those
         of the build at import do not apply)."""
+        if install not in INSTALLS:
+            raise ValueError(f"install={install!r}: one of {', '.join(map(repr, INSTALLS))}")
         command([python, "-m", "pip", "install", "-q", "ninja"], env=self.venvs.pip_env(version, python_version),
                 log=self.log(f"ninja-{version}-py{python_version}.log"))
         venv = os.path.dirname(os.path.dirname(python))
         if install == "sources":
             self.venvs.install_sources(venv, log=self.log(f"install-{version}-py{python_version}.log"))
-        elif install != "wheel":
-            raise ValueError(f"install={install!r}: 'sources' or 'wheel'")
         # The tests that need the test device run here too (the CI releases'
         # steps leave those of the oldest release to this run).
         self.venvs.install_testdevice(venv, log=self.log(f"testdevice-{version}-py{python_version}.log"))
@@ -347,8 +351,7 @@ def test(job, args):
                 f"{python_version}, torch {version}", job.wheel_check, version, python_version, dist, background)
 
     def plugin_step(version, python_version, python, install):
-        how = {"wheel": "the binary wheel installed", "sources": "installed from source"}[install]
-        steps.run(f"the plugin's own tests, {how}, with the test device: CPython {python_version}, "
+        steps.run(f"the plugin's own tests, {INSTALLS[install]}, with the test device: CPython {python_version}, "
                   f"torch {version}", job.plugin_tests, version, python_version, python, install)
 
     _, (_, python) = steps.together(wheel_step(default, "3.11"), wheel_step(default, "3.13"))
@@ -482,7 +485,7 @@ def matrix(job, args):
         "--python", "3.12", "--torch", newest, "--out", dist), 3))
     text, python = steps.run(f"the binary wheel installed alone, imported and checked without a compiler: CPython 3.12, "
                              f"torch {newest}", lambda: job.wheel_check(newest, "3.12", dist))
-    steps.run(f"the plugin's own tests, installed from source, with the test device: CPython 3.12, torch {newest}",
+    steps.run(f"the plugin's own tests, {INSTALLS['sources']}, with the test device: CPython 3.12, torch {newest}",
               job.plugin_tests, newest, "3.12", python, "sources")
     if not keep:
         shutil.rmtree(venvs.dir(newest, "3.12"), ignore_errors=True)
