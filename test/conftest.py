@@ -12,3 +12,10 @@ import sys
 TESTS = os.path.dirname(os.path.abspath(__file__))
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
+# The checkout's examples/, benchmarks/ and tools/ are importable by name too
+# (no module name is in two of them); appended, so that none shadows an
+# installed module.
+for _folder in ("examples", "benchmarks", "tools"):
+    _path = os.path.join(os.path.dirname(TESTS), _folder)
+    if _path not in sys.path:
+        sys.path.append(_path)

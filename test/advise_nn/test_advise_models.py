@@ -27,11 +27,9 @@ import torch
 
 import torch_ctxext
 from torch_ctxext import _features
-from support import ROOT, python
+from support import python
 
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from where_fusing_pays import MODELS, report_of  # noqa: E402
+from where_fusing_pays import MODELS, report_of
 
 F32 = 4
 

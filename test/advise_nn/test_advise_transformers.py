@@ -17,7 +17,6 @@ venvs CI tests with); where it is missing, the tests that need it are skipped
 with that reason.
 """
 import importlib.util
-import os
 import re
 import sys
 
@@ -27,10 +26,8 @@ import torch
 import torch_ctxext
 from support import ROOT, python
 
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from transformers_models import MODELS, NEEDS_TRANSFORMERS  # noqa: E402
-from where_fusing_pays import report_of  # noqa: E402
+from transformers_models import MODELS, NEEDS_TRANSFORMERS
+from where_fusing_pays import report_of
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 MISSING = "transformers is not installed (a test-only dependency: tools/run.py installs it for CI)"

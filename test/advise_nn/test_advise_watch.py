@@ -11,8 +11,6 @@ only advise() loads (torch_ctxext/_ext/advise_module.py): these tests skip
 only where neither is there (2.15 without that build: `python -m torch_ctxext
 build` makes it), and test_advise*.py check the Python watch everywhere.
 """
-import os
-import sys
 
 import pytest
 import torch
@@ -22,10 +20,8 @@ import torch_ctxext
 from torch_ctxext._advise import graph
 from torch_ctxext._ext import advise_module
 from doubling_functions import doubling, fuse_into_buffer
-from support import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-from where_fusing_pays import MODELS  # noqa: E402
+from where_fusing_pays import MODELS
 
 _C = graph._extension() or advise_module.load()
 pytestmark = pytest.mark.skipif(

@@ -6,8 +6,6 @@ re-exports it) and the training stacks (test_training_stacks.py)."""
 import copy
 import importlib.util
 import pickle
-import os
-import sys
 
 import pytest
 import torch
@@ -15,9 +13,7 @@ import torch
 import torch_ctxext
 from torch_ctxext.nn import (FusedEmbedding, FusedEmbeddingFunction, FusedLinear, FusedLinearFunction,
                              FusedLSTMCell, FusedLSTMGatesFunction, fuse)
-from support import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 
 def exposed(report, function):
@@ -277,7 +273,6 @@ def test_three_projections_of_one_hidden_state_fuse_into_each_other_whichever_ru
 
 
 def backward_allocations(run):
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench
 
     return bench.backward_peak_bytes(run)["allocated_bytes"]

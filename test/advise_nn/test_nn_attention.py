@@ -5,9 +5,7 @@ times in one step (a shared encoder or decoder layer) allocates exactly what
 advise promised less."""
 import copy
 import itertools
-import os
 import re
-import sys
 
 import pytest
 import torch
@@ -15,11 +13,7 @@ import torch
 import torch_ctxext
 from torch_ctxext.nn import FusedMultiheadAttention, FusedProjectionFunction, fuse
 
-from support import ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from where_fusing_pays import Workload, report_of  # noqa: E402
+from where_fusing_pays import Workload, report_of
 
 E, HEADS, L, S, N = 8, 2, 5, 6, 3
 

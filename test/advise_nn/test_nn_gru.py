@@ -3,8 +3,6 @@ not; every step after the first to run backward adds into the weights'
 buffers; fuse() swaps it in; an unrolled cell allocates exactly what advise
 promised less."""
 import copy
-import os
-import sys
 
 import pytest
 import torch
@@ -13,11 +11,7 @@ import torch.nn.functional as F
 import torch_ctxext
 from torch_ctxext.nn import FusedGRUCell, FusedGRUGatesFunction, fuse
 
-from support import ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from where_fusing_pays import Workload, report_of  # noqa: E402
+from where_fusing_pays import Workload, report_of
 
 
 def unrolled(cls, steps=5, batched=True, state=True, bias=True):

@@ -5,11 +5,8 @@ report names with the module and the attribute), a convolution applied twice
 (the report says in one line that no drop-in can exist, with its figure);
 and at 100 columns each row keeps its own name whole."""
 import copy
-import os
 import pickle
-import sys
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -17,11 +14,7 @@ import torch_ctxext
 from torch_ctxext.nn import FusedEmbedding, fuse, why_not
 from torch_ctxext.nn.functional import linear as fused_linear
 
-from support import ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from where_fusing_pays import Workload, report_of  # noqa: E402
+from where_fusing_pays import Workload, report_of
 
 VOCAB, DIM = 64, 32
 

@@ -11,8 +11,6 @@ what its stock module does. Measured as benchmarks/bench_advise.py measures
 (benchmarks/bench.py's ``backward_peak_bytes``, after two warm-up steps).
 """
 import copy
-import os
-import sys
 
 import pytest
 import torch
@@ -21,10 +19,7 @@ import torch.nn.functional as F
 import torch_ctxext
 from torch_ctxext.nn import fuse
 
-from support import ROOT  # noqa: E402
-
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import bench  # noqa: E402
+import bench
 
 B, T, C = 4, 16, 8
 

@@ -36,14 +36,13 @@ from _torch_ctxext_build import sources
 from torch_ctxext._ext import build_cache, loader
 from support import ROOT, python
 
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from install_env import BACKPORTED, BUILD_TIMEOUT, failing_compiler, needs_extension  # noqa: E402
-from torch_ctxext import _releases  # noqa: E402
+from install_env import BACKPORTED, BUILD_TIMEOUT, failing_compiler, needs_extension
+from package_copy import add_packaged_binaries, sources_only_copy
+from torch_ctxext import _releases
 
 # The members left unavailable without a build: those torch lacks (a native
 # member replaced along with another, apply before 2.13, stays native).
 LACKING = [m for m in BACKPORTED if m not in _releases.REPLACED_ALONG_WITH]
-from package_copy import add_packaged_binaries, sources_only_copy  # noqa: E402
 
 PACKAGE = os.path.dirname(os.path.abspath(torch_ctxext.__file__))
 PROBE = """

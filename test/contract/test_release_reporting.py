@@ -13,7 +13,6 @@ from torch_ctxext.conformance import report as _report
 from torch_ctxext.conformance import conftest
 from support import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "differential"))
 
 import compat_matrix  # noqa: E402

@@ -3,12 +3,10 @@ renders from docs/benchmarks.json, and where-fusing-pays.md quotes its figure.""
 import json
 import os
 import re
-import sys
 
 from support import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import page  # noqa: E402
+import page
 
 DOCS = os.path.join(ROOT, "docs")
 

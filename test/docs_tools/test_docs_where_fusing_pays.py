@@ -1,17 +1,14 @@
 """docs/where-fusing-pays.md shows each model's report as a user sees it:
 what examples/where_fusing_pays.py prints (tools/advice_page.py)."""
 import os
-import sys
 
 import pytest
 
 import torch_ctxext
 from support import ROOT, python
 
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-import advice_page  # noqa: E402
-from where_fusing_pays import MODELS  # noqa: E402
+import advice_page
+from where_fusing_pays import MODELS
 
 
 @pytest.mark.skipif(

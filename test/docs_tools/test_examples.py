@@ -2,20 +2,16 @@
 import contextlib
 import doctest
 import io
-import os
-import sys
 
 import pytest
 import torch
 
 import torch_ctxext
-from support import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-import fused_linear  # noqa: E402
-import shared_layers  # noqa: E402
-from fused_linear import FusedLinear, FusedLinearFunction  # noqa: E402
-from shared_layers import SharedLayerModel, set_fusion, shifted_token_batch, train  # noqa: E402
+import fused_linear
+import shared_layers
+from fused_linear import FusedLinear, FusedLinearFunction
+from shared_layers import SharedLayerModel, set_fusion, shifted_token_batch, train
 
 
 def pair(in_features=6, out_features=5, bias=True):

@@ -39,9 +39,8 @@ from _torch_ctxext_build import layout_verdict as _verdict
 from torch_ctxext._ext import loader
 from support import ROOT, python
 
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from package_copy import add_packaged_binaries, sources_only_copy  # noqa: E402
-from wheel_check import IMPORT as AUDITED_IMPORT  # noqa: E402
+from package_copy import add_packaged_binaries, sources_only_copy
+from wheel_check import IMPORT as AUDITED_IMPORT
 
 TOOLS = os.path.join(ROOT, "tools")
 
