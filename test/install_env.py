@@ -17,6 +17,7 @@ import sys
 import pytest
 
 import torch_ctxext
+from package_copy import CHECKOUT_OUTPUTS
 from support import ROOT, clean_env, run  # noqa: F401  (the tests import them from here too)
 
 CSRC = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "csrc", "*.[ch]*")))
@@ -61,10 +62,7 @@ def copy_checkout(dest):
     """The checkout's files that an install reads (not its build outputs)."""
     shutil.copytree(
         ROOT, dest,
-        ignore=shutil.ignore_patterns(
-            ".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "_build_info.py", "layout-*.json",
-            "docs", "benchmarks", "tools", "test", ".venv*", ".hypothesis", ".pytest_cache",
-        ),
+        ignore=shutil.ignore_patterns(*CHECKOUT_OUTPUTS, "docs", "benchmarks", "tools", "test"),
     )
     return dest
 

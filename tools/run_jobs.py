@@ -11,9 +11,9 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 
 import run_steps
+from package_copy import synced_copy
 from run_steps import Background, Failed, Steps, command, find_test, from_line, last_lines
 from run_venvs import ROOT, Venvs, cpython_for_check, release_facts
 
@@ -129,15 +129,12 @@ class Job:
 
     def snapshot(self):
         """A copy of the source tree without its build outputs, always at the
-        same place in the cache (with the files' times: ninja compiles again
-        only what changed): what a build in the background reads, so that it
-        never writes into the tree while a step installs from it."""
-        copy = os.path.join(self.cache, "sources")
-        shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
-            ".git", "build", "dist", "*.egg-info", "__pycache__", "*.so", "_build_info.py", "layout-*.json", ".venv*",
-            ".hypothesis", ".pytest_cache"))
-        return copy
+        same place in the cache: what a build in the background reads, so
+        that it never writes into the tree while a step installs from it.
+        Files unchanged since the last run keep their times there
+        (package_copy.synced_copy), so that the wheels' ninja builds compile
+        again only what changed, from a fresh clone too."""
+        return synced_copy(ROOT, os.path.join(self.cache, "sources"))
 
     def wheel_check(self, version, python_version, dist, background=None):
         """The binary wheel for ``python_version`` in a venv of its own, as a user

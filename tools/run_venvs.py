@@ -8,6 +8,7 @@ that torch into $TORCH_CTXEXT_CACHE/builds, as a user's would.
 
 Standard library only, Python 3.8 and newer.
 """
+import glob
 import hashlib
 import os
 import shutil
@@ -105,16 +106,32 @@ class Venvs:
         return os.path.join(venv, "bin", "python")
 
     def has_torch(self, venv, version):
-        """Whether ``venv`` exists with torch ``version`` (any local build of it)."""
-        python = self.python(venv)
-        if not os.access(python, os.X_OK):
+        """Whether ``venv`` exists with torch ``version`` (any local build of
+        it), as pip recorded it: torch is not imported (a CUDA build's first
+        import reads gigabytes, and every cached venv is asked at each run).
+        pip writes the record once the files are in, so an interrupted
+        install has none, and the venv is made again."""
+        if not os.access(self.python(venv), os.X_OK):
             return False
-        probe = f"import torch; assert torch.__version__.split('+')[0] == {version!r}"
+        pattern = os.path.join(venv, "lib", "python3*", "site-packages", f"torch-{version}.dist-info")
+        local = os.path.join(venv, "lib", "python3*", "site-packages", f"torch-{version}+*.dist-info")
+        return bool(glob.glob(pattern) or glob.glob(local))
+
+    def _install_deps(self, venv, deps, env, log):
+        """pip install ``deps`` into ``venv``, unless the same list went in last
+        time (kept in the venv): asking pip again costs each cached venv a
+        second or two of every run."""
+        stamp = os.path.join(venv, ".torch_ctxext-deps")
+        wanted = "\n".join(deps) + "\n"
         try:
-            command([python, "-c", probe], log=os.devnull)
-        except Exception:
-            return False
-        return True
+            with open(stamp) as f:
+                if f.read() == wanted:
+                    return
+        except OSError:
+            pass
+        command([self.python(venv), "-m", "pip", "install", "-q"] + list(deps), env=env, log=log)
+        with open(stamp, "w") as f:
+            f.write(wanted)
 
     def create(self, version, python="3.11", venv=None, log=None):
         """A venv with torch ``version`` and the test tools (made where it is
@@ -131,7 +148,7 @@ class Venvs:
         deps = list(TEST_DEPS)
         if version in (self.facts.default, self.facts.reference):
             deps += MODEL_TEST_DEPS
-        command([self.python(venv), "-m", "pip", "install", "-q"] + deps, env=env, log=log)
+        self._install_deps(venv, deps, env, log)
         return venv
 
     def install_sources(self, venv, log=None):
@@ -179,8 +196,9 @@ class Venvs:
             shutil.rmtree(venv, ignore_errors=True)
             command([sys.executable, "-m", "venv", venv], log=log)
             command([self.python(venv), "-m", "pip", "install", "-q", f"torch=={default}"], env=env, log=log)
-        command([self.python(venv), "-m", "pip", "install", "-q"] + list(TEST_DEPS)
-                + ["-r", os.path.join(self.root, "requirements-docs.txt")] + list(MODEL_TEST_DEPS), env=env, log=log)
+        with open(os.path.join(self.root, "requirements-docs.txt")) as f:
+            docs = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+        self._install_deps(venv, list(TEST_DEPS) + docs + list(MODEL_TEST_DEPS), env, log)
         return venv
 
     def wheel_builder(self, log=None):

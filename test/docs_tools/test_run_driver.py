@@ -17,16 +17,17 @@ from torch_ctxext import _releases
 from support import ROOT, python
 
 TOOLS = os.path.join(ROOT, "tools")
-DRIVER = [os.path.join(TOOLS, name) for name in ("run.py", "run_jobs.py", "run_steps.py", "run_venvs.py")]
-sys.path.insert(0, TOOLS)
+DRIVER = [os.path.join(TOOLS, name) for name in ("run.py", "run_jobs.py", "run_steps.py", "run_venvs.py",
+                                                 "package_copy.py")]
 
-import run_jobs  # noqa: E402
-import run_steps  # noqa: E402
-import run_venvs  # noqa: E402
+import package_copy
+import run_jobs
+import run_steps
+import run_venvs
 
 
 def test_the_driver_imports_the_standard_library_only_and_parses_as_python_3_8():
-    own = {"find_cpython", "run_jobs", "run_steps", "run_venvs"}
+    own = {"find_cpython", "run_jobs", "run_steps", "run_venvs", "package_copy"}
     for path in DRIVER:
         source = open(path).read()
         tree = ast.parse(source, feature_version=(3, 8))
@@ -177,3 +178,78 @@ def test_the_snapshot_a_background_build_reads_is_the_tree_without_its_build_out
         assert os.stat(os.path.join(copy, path)).st_mtime == os.stat(original).st_mtime, path
     assert sorted(os.listdir(os.path.join(copy, "csrc"))) == sorted(
         n for n in os.listdir(os.path.join(ROOT, "csrc")) if n != "__pycache__")
+
+
+def test_a_second_snapshot_leaves_each_unchanged_file_with_its_time_so_that_ninja_compiles_only_what_changed(
+        tmp_path):
+    """A fresh clone's files are all new; the copy keeps the old times of the
+    files whose bytes did not change, copies the others, drops what went."""
+    tree, copy = tmp_path / "clone", tmp_path / "sources"
+    (tree / "csrc").mkdir(parents=True)
+    (tree / "csrc" / "same.cpp").write_text("int same;\n")
+    (tree / "csrc" / "changed.cpp").write_text("int before;\n")
+    (tree / "csrc" / "gone.cpp").write_text("int gone;\n")
+    (tree / "build").mkdir()
+    (tree / "build" / "x.o").write_bytes(b"")
+    package_copy.synced_copy(str(tree), str(copy))
+    old = 1_000_000_000
+    for name in ("same.cpp", "changed.cpp"):
+        os.utime(copy / "csrc" / name, (old, old))
+    # The next clone: the same file again (a new time), one changed, one gone, one new.
+    (tree / "csrc" / "same.cpp").write_text("int same;\n")
+    (tree / "csrc" / "changed.cpp").write_text("int after;\n")
+    (tree / "csrc" / "gone.cpp").unlink()
+    (tree / "csrc" / "new.h").write_text("#pragma once\n")
+    package_copy.synced_copy(str(tree), str(copy))
+    assert os.stat(copy / "csrc" / "same.cpp").st_mtime == old
+    assert (copy / "csrc" / "changed.cpp").read_text() == "int after;\n"
+    assert os.stat(copy / "csrc" / "changed.cpp").st_mtime == os.stat(tree / "csrc" / "changed.cpp").st_mtime
+    assert sorted(os.listdir(copy / "csrc")) == ["changed.cpp", "new.h", "same.cpp"]
+    assert not (copy / "build").exists()
+
+
+def _venv(tmp_path, *dist_infos):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\n")
+    (venv / "bin" / "python").chmod(0o755)
+    for name in dist_infos:
+        (venv / "lib" / "python3.11" / "site-packages" / name).mkdir(parents=True)
+    return str(venv)
+
+
+@pytest.mark.parametrize("version, answer", [("2.13.0", True), ("2.13.1", False), ("2.1", False), ("2.13", False)])
+def test_a_cached_venv_holds_a_release_when_pip_recorded_that_torch_any_local_build_of_it(tmp_path, version, answer):
+    venvs = run_venvs.Venvs(str(tmp_path), run_venvs.release_facts())
+    assert venvs.has_torch(_venv(tmp_path, "torch-2.13.0+cpu.dist-info"), version) is answer
+
+
+def test_a_venv_without_pips_record_of_torch_or_without_its_python_is_made_again(tmp_path):
+    venvs = run_venvs.Venvs(str(tmp_path), run_venvs.release_facts())
+    assert venvs.has_torch(_venv(tmp_path / "a", "torch-2.15.0.dist-info"), "2.15.0")
+    assert not venvs.has_torch(_venv(tmp_path / "b", "numpy-2.0.0.dist-info"), "2.15.0")
+    assert not venvs.has_torch(str(tmp_path / "none"), "2.15.0")
+
+
+def test_a_cached_venv_is_asked_for_the_test_tools_again_only_when_their_list_changed(tmp_path, monkeypatch):
+    calls = []
+
+    def pip(args, env=None, log=None, **kwargs):
+        calls.append(args[5:])  # python -m pip install -q ...
+        if "broken" in args:
+            raise run_steps.Failed("pip failed")
+        return ""
+    monkeypatch.setattr(run_venvs, "command", pip)
+    venvs = run_venvs.Venvs(str(tmp_path), run_venvs.release_facts())
+    venv = _venv(tmp_path)
+    venvs._install_deps(venv, ["pytest", "numpy"], {}, None)
+    venvs._install_deps(venv, ["pytest", "numpy"], {}, None)
+    assert calls == [["pytest", "numpy"]]
+    venvs._install_deps(venv, ["pytest", "numpy", "transformers==5.23.0"], {}, None)
+    assert calls[-1] == ["pytest", "numpy", "transformers==5.23.0"]
+    with pytest.raises(run_steps.Failed):
+        venvs._install_deps(venv, ["broken"], {}, None)
+    calls.clear()
+    with pytest.raises(run_steps.Failed):  # a failed install is asked again next time
+        venvs._install_deps(venv, ["broken"], {}, None)
+    assert calls == [["broken"]]
