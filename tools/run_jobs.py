@@ -101,12 +101,13 @@ class Job:
                           log=self.log(f"device-{version}.count"))
         return last_lines(text) + "\n" + counted.rstrip()
 
-    def import_tests(self, version, python, env=None):
-        """What the import and the install do to a process, on that torch."""
-        args = ["-rs"] + self.test("test_import_leaves_the_process.py") + [
+    def import_tests(self):
+        """The tests of what the import and the install do to a process, which
+        each CI release runs (in one pytest run with its other tests, so that
+        the two workers share them out)."""
+        return ["-rs"] + self.test("test_import_leaves_the_process.py") + [
             find_test(ROOT, "test_install.py")
             + "::test_pip_install_without_build_isolation_resolves_against_the_installed_torch"]
-        return self.pytest(python, args, self.log(f"import-{version}.log"), env)
 
     def venv_for(self, version, background=None):
         """The venv for ``version`` (made here, or by ``background``) with
@@ -156,7 +157,9 @@ class Job:
         command([python, os.path.join(ROOT, "tools", "wheel_verdicts.py"), wheel], log=log + ".verdicts")
         command([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel],
                 env=self.venvs.pip_env(version, python_version), log=log + ".install")
-        text = command([python, os.path.join(ROOT, "tools", "wheel_check.py")], log=log, cwd="/tmp")
+        # Three first imports and three later ones (the default is ten of each):
+        # what is checked holds in every process or in none; the figures are only printed.
+        text = command([python, os.path.join(ROOT, "tools", "wheel_check.py"), "--rounds", "3"], log=log, cwd="/tmp")
         return f"{os.path.basename(wheel)}\n{text.rstrip()}", python
 
     def _wheel_venv(self, version, python_version):
@@ -310,9 +313,7 @@ def test(job, args):
                 (f"conformance report: torch {version}", job.report, version, ref_python, env),
                 (f"the conformance suite on the test device: torch {version}",
                  job.accelerator_tests, version, ref_python, env))
-            steps.run(f"the import leaves the process as import torch does; the install resolves against this "
-                      f"torch: torch {version}", job.import_tests, version, ref_python, env)
-            continue
+            continue  # its other tests run with the reference checks (below)
         _, python = steps.run(f"venv, torch_ctxext and the test device, torch {version}", job.venv_for, version,
                            background)
         steps.together(
@@ -323,13 +324,12 @@ def test(job, args):
                   "process are tested by the plugin's own tests on that torch (CPython 3.10, below)")
             continue
         steps.run(f"where the releases differ, advise's report, its C++ watch and the drop-ins "
-                  f"(test_release_boundaries.py, test_advise_models.py, test_advise_watch.py, test_nn.py): "
+                  f"(test_release_boundaries.py, test_advise_models.py, test_advise_watch.py, test_nn.py); the "
+                  f"import leaves the process as import torch does, the install resolves against this torch: "
                   f"torch {version}",
                   job.pytest, python, job.test("test_release_boundaries.py", "test_advise_models.py",
-                                               "test_advise_watch.py", "test_nn.py"),
+                                               "test_advise_watch.py", "test_nn.py") + job.import_tests(),
                   job.log(f"test-{version}.log"))
-        steps.run(f"the import leaves the process as import torch does; the install resolves against this torch: "
-                  f"torch {version}", job.import_tests, version, python)
 
     steps.run("the compatibility matrix in the docs matches these reports", lambda: command(
         [sys.executable, os.path.join(ROOT, "tools", "compat_matrix.py"), "--check"]
@@ -351,18 +351,19 @@ def test(job, args):
         steps.run(f"the plugin's own tests, {INSTALLS[install]}, with the test device: CPython {python_version}, "
                   f"torch {version}", job.plugin_tests, version, python_version, python, install)
 
-    _, (_, python) = steps.together(wheel_step(default, "3.11"), wheel_step(default, "3.13"))
-    plugin_step(default, "3.13", python, "wheel")
-    (_, python), _ = steps.together(wheel_step(oldest, "3.10"),
-                                    ("documentation site (warnings are errors)",
-                                     lambda: (background.wait("venv-docs"), job.docs())[1]))
-    plugin_step(oldest, "3.10", python, "sources")
+    # Each wheel check is one process at a time: the three and the docs share the two cores.
+    _, (_, python313), (_, python310), _ = steps.together(
+        wheel_step(default, "3.11"), wheel_step(default, "3.13"), wheel_step(oldest, "3.10"),
+        ("documentation site (warnings are errors)", lambda: (background.wait("venv-docs"), job.docs())[1]))
+    plugin_step(default, "3.13", python313, "wheel")
+    plugin_step(oldest, "3.10", python310, "sources")
     steps.summary("test")
 
 
 def reference_checks(job, ref_python):
     """What needs native torch 2.15: the differential, the stacks, advise
-    without torch_ctxext's extension."""
+    without torch_ctxext's extension; and the import's and the install's
+    effect on a process there, in the same pytest run."""
     facts, steps = job.facts, job.steps
     reference, default, oldest = facts.reference, facts.default, facts.oldest
     diff = os.path.join(ROOT, "tools", "differential")
@@ -415,12 +416,13 @@ def reference_checks(job, ref_python):
     # (test_advise_module.py).
     steps.run(f"training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile), examples/, advise's report "
               "with its C++ watch, explain and the drop-ins, a newer torch's version string, check run from a "
-              f"user's project, the command line: native {reference}",
+              f"user's project, the command line; the import leaves the process as import torch does, the install "
+              f"resolves against this torch: native {reference}",
               job.pytest, ref_python, job.test(
                   "test_training_stacks.py", "test_examples.py", "test_advise_models.py", "test_nn.py",
                   "test_advise_transformers.py", "test_advise.py", "test_explain.py",
                   "test_newer_torch_and_unavailable_members.py", "test_check_isolation.py", "test_command_line.py",
-                  "test_advise_module.py", "test_advise_watch.py"),
+                  "test_advise_module.py", "test_advise_watch.py") + job.import_tests(),
               job.log(f"test-{reference}.log"), native, SERIAL)
 
 
