@@ -104,8 +104,8 @@ def synced_copy(source, copy, leave_out=CHECKOUT_OUTPUTS):
                     and os.stat(target).st_mode == os.stat(original).st_mode
                     and filecmp.cmp(original, target, shallow=False)):
                 continue
-            if os.path.lexists(target) and not os.path.isfile(target) or os.path.islink(target):
-                _remove(target)
+            if os.path.islink(target) or (os.path.lexists(target) and not os.path.isfile(target)):
+                _remove(target)  # a folder or a link where the tree has a file
             shutil.copy2(original, target, follow_symlinks=False)
     for folder, dirs, files in os.walk(copy, topdown=False):
         relative = os.path.relpath(folder, copy)

@@ -153,7 +153,7 @@ class Job:
         python = self.venvs.python(venv)
         log = self.log(f"wheel-{version}-py{python_version}.log")
         # No build tool in the venv while the wheel is checked (the tests' ninja comes back after).
-        command([python, "-m", "pip", "uninstall", "-q", "-y", "ninja"], log=log + ".uninstall")
+        self.venvs.uninstall(venv, ["ninja"], log=log + ".uninstall")
         command([python, os.path.join(ROOT, "tools", "wheel_verdicts.py"), wheel], log=log + ".verdicts")
         command([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel],
                 env=self.venvs.pip_env(version, python_version), log=log + ".install")

@@ -117,21 +117,49 @@ class Venvs:
         local = os.path.join(venv, "lib", "python3*", "site-packages", f"torch-{version}+*.dist-info")
         return bool(glob.glob(pattern) or glob.glob(local))
 
-    def _install_deps(self, venv, deps, env, log):
-        """pip install ``deps`` into ``venv``, unless the same list went in last
-        time (kept in the venv): asking pip again costs each cached venv a
-        second or two of every run."""
-        stamp = os.path.join(venv, ".torch_ctxext-deps")
-        wanted = "\n".join(deps) + "\n"
+    # What a venv was last given, kept in it: a file of that name, holding a
+    # text that says what (a digest, or a list of requirements).
+    DEPS_STAMP = ".torch_ctxext-deps"
+    TESTDEVICE_STAMP = ".testdevice-hash"
+
+    @staticmethod
+    def _stamped(venv, name, value):
+        """Whether the stamp ``name`` in ``venv`` says ``value``."""
         try:
-            with open(stamp) as f:
-                if f.read() == wanted:
-                    return
+            with open(os.path.join(venv, name)) as f:
+                return f.read().strip() == value.strip()
         except OSError:
+            return False
+
+    @staticmethod
+    def _stamp(venv, name, value):
+        with open(os.path.join(venv, name), "w") as f:
+            f.write(value.strip() + "\n")
+
+    def _install_deps(self, venv, deps, env, log, requirements=None):
+        """pip install ``deps`` (and the ``requirements`` file) into ``venv``,
+        unless the same went in last time (a stamp in the venv, written once
+        pip succeeded): asking pip again costs each cached venv a second or
+        two of every run. :meth:`uninstall` forgets the stamp."""
+        args = list(deps)
+        wanted = "\n".join(deps)
+        if requirements is not None:
+            args += ["-r", requirements]
+            with open(requirements) as f:
+                wanted += "\n" + f.read()
+        if self._stamped(venv, self.DEPS_STAMP, wanted):
+            return
+        command([self.python(venv), "-m", "pip", "install", "-q"] + args, env=env, log=log)
+        self._stamp(venv, self.DEPS_STAMP, wanted)
+
+    def uninstall(self, venv, names, log=None):
+        """pip uninstall ``names`` from ``venv``; the next :meth:`create`
+        installs the test tools again."""
+        try:
+            os.remove(os.path.join(venv, self.DEPS_STAMP))
+        except FileNotFoundError:
             pass
-        command([self.python(venv), "-m", "pip", "install", "-q"] + list(deps), env=env, log=log)
-        with open(stamp, "w") as f:
-            f.write(wanted)
+        command([self.python(venv), "-m", "pip", "uninstall", "-q", "-y"] + list(names), log=log)
 
     def create(self, version, python="3.11", venv=None, log=None):
         """A venv with torch ``version`` and the test tools (made where it is
@@ -171,8 +199,7 @@ class Venvs:
                     digest.update(os.path.relpath(path, source).encode() + b"\0")
                     with open(path, "rb") as f:
                         digest.update(hashlib.sha256(f.read()).digest())
-        stamp = os.path.join(venv, ".testdevice-hash")
-        if os.path.exists(stamp) and open(stamp).read().strip() == digest.hexdigest()[:16]:
+        if self._stamped(venv, self.TESTDEVICE_STAMP, digest.hexdigest()[:16]):
             return ""
         copy = tempfile.mkdtemp(prefix="torch_ctxext-testdevice.")
         try:
@@ -182,8 +209,7 @@ class Venvs:
                     log=log)
         finally:
             shutil.rmtree(copy, ignore_errors=True)
-        with open(stamp, "w") as f:
-            f.write(digest.hexdigest()[:16] + "\n")
+        self._stamp(venv, self.TESTDEVICE_STAMP, digest.hexdigest()[:16])
         return "test device built"
 
     def docs(self, log=None):
@@ -196,9 +222,8 @@ class Venvs:
             shutil.rmtree(venv, ignore_errors=True)
             command([sys.executable, "-m", "venv", venv], log=log)
             command([self.python(venv), "-m", "pip", "install", "-q", f"torch=={default}"], env=env, log=log)
-        with open(os.path.join(self.root, "requirements-docs.txt")) as f:
-            docs = [line.strip() for line in f if line.strip() and not line.startswith("#")]
-        self._install_deps(venv, list(TEST_DEPS) + docs + list(MODEL_TEST_DEPS), env, log)
+        self._install_deps(venv, list(TEST_DEPS) + list(MODEL_TEST_DEPS), env, log,
+                           requirements=os.path.join(self.root, "requirements-docs.txt"))
         return venv
 
     def wheel_builder(self, log=None):

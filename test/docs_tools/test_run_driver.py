@@ -253,3 +253,23 @@ def test_a_cached_venv_is_asked_for_the_test_tools_again_only_when_their_list_ch
     with pytest.raises(run_steps.Failed):  # a failed install is asked again next time
         venvs._install_deps(venv, ["broken"], {}, None)
     assert calls == [["broken"]]
+
+
+def test_a_venv_a_tool_was_uninstalled_from_or_whose_requirements_file_changed_is_asked_again(
+        tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(run_venvs, "command", lambda args, env=None, log=None, **kwargs: calls.append(args[3:]))
+    venvs = run_venvs.Venvs(str(tmp_path), run_venvs.release_facts())
+    venv = _venv(tmp_path)
+    requirements = tmp_path / "requirements-docs.txt"
+    requirements.write_text("sphinx==7.2.6\n")
+    for _ in range(2):
+        venvs._install_deps(venv, ["pytest", "ninja"], {}, None, requirements=str(requirements))
+    assert calls == [["install", "-q", "pytest", "ninja", "-r", str(requirements)]]
+    requirements.write_text("sphinx==7.3.0\n")
+    venvs._install_deps(venv, ["pytest", "ninja"], {}, None, requirements=str(requirements))
+    assert len(calls) == 2
+    venvs.uninstall(venv, ["ninja"])  # as the wheel check does
+    assert calls[-1] == ["uninstall", "-q", "-y", "ninja"]
+    venvs._install_deps(venv, ["pytest", "ninja"], {}, None, requirements=str(requirements))
+    assert calls[-1] == ["install", "-q", "pytest", "ninja", "-r", str(requirements)]
