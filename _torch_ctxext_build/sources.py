@@ -47,16 +47,17 @@ ONLY_BEFORE = {
 }
 
 # On a torch that provides every member natively (releases.all_native) the
-# build is advise()'s C++ watch alone: these sources, advise_module.cpp the
-# module (loaded by advise() only: torch_ctxext/_ext/advise_module.py), and never elsewhere.
-ADVISE_ONLY = ("advise_watch.cpp", "advise_module.cpp")
+# build is advise()'s C++ watch and FusedLinear's C++ Function alone: these
+# sources, advise_module.cpp the module (loaded by advise() and FusedLinear
+# only: torch_ctxext/_ext/advise_module.py), and never elsewhere.
+ADVISE_ONLY = ("advise_watch.cpp", "advise_module.cpp", "fused_linear.cpp")
 ADVISE_ONLY_MODULE = "advise_module.cpp"
 
 # The generated translation units and the sources each includes, about equal
 # in compile time (measured on torch 2.13). A source named in neither (a new
 # file in csrc/) joins the last.
 UNITS = (
-    ("unit_engine", ("engine_layout.cpp", "input_grad_buffers.cpp", "direct_accumulation.cpp", "patching.cpp", "boxed_grads.cpp")),
+    ("unit_engine", ("engine_layout.cpp", "input_grad_buffers.cpp", "direct_accumulation.cpp", "patching.cpp", "boxed_grads.cpp", "fused_linear.cpp")),
     ("unit_module", ("module.cpp", "output_grad_dtype.cpp", "advise_watch.cpp", "advise_module.cpp")),
 )
 
@@ -138,6 +139,10 @@ def define_macros(torch_version, torch_git_version):
     return [
         ("TORCH_CTXEXT_BUILT_FOR_TORCH", c_string(torch_version)),
         ("TORCH_CTXEXT_BUILT_FOR_GIT", c_string(torch_git_version)),
+        # The build of a torch that provides every member natively (ADVISE_ONLY's
+        # sources): csrc/fused_linear.cpp then reads the engine's buffers through
+        # torch's own get_current_input_grad_buffers.
+        ("TORCH_CTXEXT_ALL_NATIVE", "1" if advise_only(torch_version) else "0"),
     ] + releases.define_macros(torch_version)
 
 

@@ -144,9 +144,33 @@ def _FloorLinear(features, out):
     return FloorLinear(features, out)
 
 
+def _PythonFusedLinear(features, out):
+    """A ``FusedLinear`` that always runs its Python Function
+    (``FusedLinearFunction``), never the extension's C++ one."""
+    from torch_ctxext.nn import FusedLinear, FusedLinearFunction
+
+    class PythonFusedLinear(FusedLinear):
+        def forward(self, x):
+            return FusedLinearFunction.apply(x, self.weight, self.bias, self.fuse)
+
+    return PythonFusedLinear(features, out)
+
+
+def per_call_route():
+    """Which Function FusedLinear runs on plain CPU tensors here."""
+    import torch
+
+    from torch_ctxext.nn import FusedLinear
+
+    node = FusedLinear(2, 2)(torch.ones(1, 2, requires_grad=True)).grad_fn
+    return "the C++ Function" if type(node).__name__ == "CppFunction" else "the Python Function"
+
+
 def measure_per_call(cases=None, rounds=15, steps=20, seed=0):
     """Seconds per call (forward and backward, and forward under no_grad) of
-    ``nn.Linear`` and of ``FusedLinear`` with the same weights, each step
+    ``nn.Linear``, of ``FusedLinear`` (the C++ Function where the extension
+    has it), of FusedLinear's Python Function and of the least custom
+    Function, with the same weights, each step
     ``calls`` uses of the layer summed into one backward; the two alternate
     round by round (``steps`` steps each), and each round gives one
     fused - stock difference per call, in wall time and in this thread's CPU
@@ -161,9 +185,11 @@ def measure_per_call(cases=None, rounds=15, steps=20, seed=0):
         stock = torch.nn.Linear(features, out)
         fused = FusedLinear(features, out)
         fused.load_state_dict(stock.state_dict())
+        python = _PythonFusedLinear(features, out)
         floor = _FloorLinear(features, out)
-        floor.load_state_dict(stock.state_dict())
-        layers = {"stock": stock, "fused": fused, "floor": floor}
+        for layer in (python, floor):
+            layer.load_state_dict(stock.state_dict())
+        layers = {"stock": stock, "fused": fused, "python": python, "floor": floor}
         xs = [torch.randn(rows, features, generator=gen).requires_grad_() for _ in range(calls)]
 
         def step(layer):
@@ -196,7 +222,7 @@ def measure_per_call(cases=None, rounds=15, steps=20, seed=0):
             for i, clock in enumerate(("wall", "cpu")):
                 stock_s = [t[i] for t in got["stock"]]
                 row[f"{label}_{clock}_stock_us"] = statistics.median(stock_s) * 1e6
-                for variant, key in (("fused", "extra"), ("floor", "floor")):
+                for variant, key in (("fused", "extra"), ("python", "python"), ("floor", "floor")):
                     times = [t[i] for t in got[variant]]
                     row[f"{label}_{clock}_{key}_us"] = statistics.median(
                         [f - s for f, s in zip(times, stock_s)]) * 1e6
@@ -207,12 +233,16 @@ def measure_per_call(cases=None, rounds=15, steps=20, seed=0):
 def per_call_table(rows):
     """``measure_per_call``'s rows as a Markdown table."""
     out = ["| layer, step | nn.Linear us per call (CPU / wall) | FusedLinear - nn.Linear us per call "
-           "(CPU / wall) | least custom Function - nn.Linear us per call (CPU / wall) "
+           "(CPU / wall) | its Python Function - nn.Linear (CPU / wall) "
+           "| least custom Function - nn.Linear us per call (CPU / wall) "
            "| under no_grad: FusedLinear - nn.Linear us (CPU / wall) |",
-           "|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|"]
     for r in rows:
+        python = (f"{r['step_cpu_python_us']:+.1f} / {r['step_wall_python_us']:+.1f}"
+                  if "step_cpu_python_us" in r else "not measured")
         out.append(f"| {r['case']} | {r['step_cpu_stock_us']:.1f} / {r['step_wall_stock_us']:.1f} "
                    f"| **{r['step_cpu_extra_us']:+.1f}** / {r['step_wall_extra_us']:+.1f} "
+                   f"| {python} "
                    f"| {r['step_cpu_floor_us']:+.1f} / {r['step_wall_floor_us']:+.1f} "
                    f"| {r['no_grad_cpu_extra_us']:+.1f} / {r['no_grad_wall_extra_us']:+.1f} |")
     return "\n".join(out)
@@ -245,6 +275,7 @@ def collect_per_call(rounds=15, instruction_cases=((4, 16, 1), (8, 64, 4))):
             instructions.append({"rows": rows, "features": features, "uses": uses, **got})
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "rounds": rounds, "load_average": load, "torch": torch.__version__, "cpu": cpu,
+            "route": per_call_route(),
             "instructions": instructions}
 
 

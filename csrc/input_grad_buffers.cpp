@@ -127,65 +127,84 @@ struct Slot {
   Node* consumer = nullptr;       // set unless kNotATensor / kNoGradient
 };
 
-// Calls visit(i, slot) for each argument, under the task's mutex. A thread
-// holding the mutex may be waiting for the GIL, so this thread never waits
-// for the mutex with the GIL held: it tries the lock first (which never
-// waits, and fails when this thread already holds it), and only when that
-// fails checks the lock's owner and waits with the GIL released (the slots
-// are then visited without the GIL, as before 2.15 the engine's own
-// InputBuffer code does). The common case, an uncontended lock, costs no
-// system call and no GIL hand-over.
+// Why the GIL was let go while waiting for the task's mutex, and when it is
+// taken back: after the lock is released (declare it before the lock).
+struct GilReleased {
+  PyThreadState* saved = nullptr;
+  ~GilReleased() {
+    if (saved != nullptr) {
+      PyEval_RestoreThread(saved);
+    }
+  }
+};
+
+// Locks the task's mutex into `lock`. A thread holding the mutex may be
+// waiting for the GIL, so this thread never waits for the mutex with the GIL
+// held: it tries the lock first (which never waits, and fails when this
+// thread already holds it), and only when that fails checks the lock's owner
+// and waits with the GIL released, where this thread holds it (a Python
+// backward does; a C++ node's backward runs without it). The common case, an
+// uncontended lock, costs no system call and no GIL hand-over. Returns false,
+// locking nothing, when this thread already holds the mutex.
+bool lock_task(GraphTask* task, std::unique_lock<std::mutex>& lock,
+               GilReleased& gil) {
+  lock = std::unique_lock<std::mutex>(task->mutex_, std::try_to_lock);
+  if (lock.owns_lock()) {
+    return true;
+  }
+  if (held_by_this_thread(task->mutex_)) {
+    return false;
+  }
+  if (PyGILState_Check()) {
+    gil.saved = PyEval_SaveThread();
+  }
+  lock.lock();
+  return true;
+}
+
+// The slot of the running task that `edge` leads to (under the task's mutex).
+Slot slot_of(GraphTask* task, const torch::autograd::Edge& edge) {
+  Slot slot;
+  if (!edge.is_valid()) {
+    slot.state = SlotState::kNoGradient;
+    return slot;
+  }
+  slot.consumer = edge.function.get();
+  slot.pos = static_cast<size_t>(edge.input_nr);
+  auto it = task->not_ready_.find(slot.consumer);
+  if (it == task->not_ready_.end() || slot.pos >= it->second.buffer.size() ||
+      !it->second.buffer[slot.pos].defined()) {
+    slot.state = SlotState::kEmpty;
+    return slot;
+  }
+  slot.state = SlotState::kFilled;
+  slot.buffer = &it->second;
+  return slot;
+}
+
+// Calls visit(i, slot) for each argument, under the task's mutex (lock_task;
+// with the GIL, which a Python backward holds, released while waiting).
 template <typename Visit>
 void for_each_slot(THPFunction* ctx, Node* node, GraphTask* task,
                    Visit&& visit) {
   const std::vector<bool>& is_tensor_arg = ctx->is_variable_input;
-  // Declared before the lock: the GIL is taken back after the lock is released.
-  struct RestoreGil {
-    PyThreadState* saved = nullptr;
-    ~RestoreGil() {
-      if (saved != nullptr) {
-        PyEval_RestoreThread(saved);
-      }
-    }
-  } gil;
-  std::unique_lock<std::mutex> lock(task->mutex_, std::try_to_lock);
-  if (!lock.owns_lock()) {
-    if (held_by_this_thread(task->mutex_)) {
-      // Every engine path that holds the lock while Python runs is refused
-      // above (post-processing); this stops any other from deadlocking.
-      throw std::runtime_error(
-          "torch_ctxext: input_grad_buffers cannot be read here: this thread "
-          "already holds the running graph task's lock, and waiting for it "
-          "would never return");
-    }
-    gil.saved = PyEval_SaveThread();
-    lock.lock();
+  GilReleased gil;
+  std::unique_lock<std::mutex> lock;
+  if (!lock_task(task, lock, gil)) {
+    // Every engine path that holds the lock while Python runs is refused
+    // above (post-processing); this stops any other from deadlocking.
+    throw std::runtime_error(
+        "torch_ctxext: input_grad_buffers cannot be read here: this thread "
+        "already holds the running graph task's lock, and waiting for it "
+        "would never return");
   }
   size_t edge_index = 0;
   for (size_t i = 0; i < is_tensor_arg.size(); ++i) {
-    Slot slot;
     if (!is_tensor_arg[i] || edge_index >= node->num_outputs()) {
-      visit(i, slot);
+      visit(i, Slot{});
       continue;
     }
-    const auto& edge = node->next_edge(edge_index++);
-    if (!edge.is_valid()) {
-      slot.state = SlotState::kNoGradient;
-      visit(i, slot);
-      continue;
-    }
-    slot.consumer = edge.function.get();
-    slot.pos = static_cast<size_t>(edge.input_nr);
-    auto it = task->not_ready_.find(slot.consumer);
-    if (it == task->not_ready_.end() || slot.pos >= it->second.buffer.size() ||
-        !it->second.buffer[slot.pos].defined()) {
-      slot.state = SlotState::kEmpty;
-      visit(i, slot);
-      continue;
-    }
-    slot.state = SlotState::kFilled;
-    slot.buffer = &it->second;
-    visit(i, slot);
+    visit(i, slot_of(task, node->next_edge(edge_index++)));
   }
 }
 
@@ -272,6 +291,48 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
     PyTuple_SET_ITEM(result, static_cast<Py_ssize_t>(i), item);
   }
   return result;
+}
+
+std::vector<at::Tensor> own_node_buffers(Node* node) {
+  std::vector<at::Tensor> exposed(node->num_outputs());
+  // Where the getter raises, nothing is added into: the node computes its
+  // gradients out of place, as without buffers.
+  if (!node->post_hooks().empty() ||
+      torch::autograd::AnomalyMode::is_enabled()) {
+    return exposed;
+  }
+  GraphTask* task = current_graph_task();
+  if (task == nullptr || torch::autograd::get_current_node().get() != node ||
+      task_in_post_processing(task) || task_creates_graph(task)) {
+    return exposed;
+  }
+#if !TORCH_CTXEXT_NO_STALE_CAPTURE_OVERRIDE
+  if (at::globalContext().overrideStaleCaptureStream()) {
+    return exposed;
+  }
+#endif
+  const bool later_ok = later_producers_validated();
+  GilReleased gil;
+  std::unique_lock<std::mutex> lock;
+  if (!lock_task(task, lock, gil)) {
+    return exposed;
+  }
+  for (size_t i = 0; i < exposed.size(); ++i) {
+    const Slot slot = slot_of(task, node->next_edge(i));
+    if (slot.state != SlotState::kFilled) {
+      continue;
+    }
+    const at::Tensor& tensor = slot.buffer->buffer[slot.pos];
+    if (in_place_rule(tensor) != InPlace::kAllowed ||
+        !direct_accumulation_checkable(tensor.device()) ||
+        exposure_refusal(task, node, slot) ||
+        (!later_ok && expects_later_producers(task, node, slot.consumer))) {
+      continue;
+    }
+    record_exposure(task, slot.consumer, slot.pos);
+    exposed[i] = tensor;  // the reference: a second edge to the slot finds it shared
+  }
+  return exposed;
 }
 
 std::vector<BufferReason> explain_input_grad_buffers(PyObject* ctx_obj) {

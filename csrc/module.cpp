@@ -18,6 +18,7 @@
 #include "direct_accumulation.h"
 #include "engine_layout.h"
 #include "fork_safety.h"
+#include "fused_linear.h"
 #include "input_grad_buffers.h"
 #include "output_grad_dtype.h"
 
@@ -156,6 +157,7 @@ PYBIND11_MODULE(_C, m) {
   torch_ctxext::register_input_grad_buffers(m, testing);
   torch_ctxext::register_direct_accumulation(m, testing);
   torch_ctxext::register_output_grad_dtype(m, testing);
+  torch_ctxext::register_fused_linear(m, testing);
 #if TORCH_CTXEXT_NO_NATIVE_BOXED_GRADS  // boxed_grads.cpp is compiled up to 2.12 only
   torch_ctxext::register_boxed_grads(m, testing);
 #endif

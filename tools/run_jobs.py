@@ -405,7 +405,8 @@ def reference_checks(job, ref_python):
                        differential, version, True))
     for i in range(0, len(checks), 2):
         steps.together(*checks[i:i + 2])
-    steps.run("advise()'s own C++ watch, which only advise() loads (python -m torch_ctxext build builds it alone): "
+    steps.run("advise()'s own C++ watch and FusedLinear's C++ Function, which only they load (python -m torch_ctxext "
+              "build builds them alone): "
               f"native {reference}", lambda: last_lines(command(
                   [ref_python, "-m", "torch_ctxext", "build"], env=native, log=job.log("build-ref.log"))))
     # Where fusion happens in each stack, and what advise reports, is pinned on
@@ -413,7 +414,8 @@ def reference_checks(job, ref_python):
     # behaviour, so the same tests must pass there. Each file once: advise's
     # report with the C++ watch (built just above) is Python's watch's
     # (test_advise_watch.py), and without a build advise watches in Python
-    # (test_advise_module.py).
+    # (test_advise_module.py); FusedLinear's C++ Function (in the same build)
+    # computes what its Python Function does (test_nn_fused_linear_route.py).
     steps.run(f"training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile), examples/, advise's report "
               "with its C++ watch, explain and the drop-ins, a newer torch's version string, check run from a "
               f"user's project, the command line; the import leaves the process as import torch does, the install "
@@ -422,7 +424,8 @@ def reference_checks(job, ref_python):
                   "test_training_stacks.py", "test_examples.py", "test_advise_models.py", "test_nn.py",
                   "test_advise_transformers.py", "test_advise.py", "test_explain.py",
                   "test_newer_torch_and_unavailable_members.py", "test_check_isolation.py", "test_command_line.py",
-                  "test_advise_module.py", "test_advise_watch.py") + job.import_tests(),
+                  "test_advise_module.py", "test_advise_watch.py", "test_nn_fused_linear_route.py",
+                  "test_nn_strides.py") + job.import_tests(),
               job.log(f"test-{reference}.log"), native, SERIAL)
 
 

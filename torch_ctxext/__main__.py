@@ -16,8 +16,8 @@
 ``build``  build the C++ extension for the running torch into the cache now,
            ahead of the first import (images, clusters without a compiler on
            the nodes); ``--force`` builds it again. Where torch provides every
-           member natively, the build is advise()'s C++ watch alone, which
-           only advise() loads.
+           member natively, the build is advise()'s C++ watch and
+           FusedLinear's C++ Function alone, which only they load.
 ``--version`` torch_ctxext's version and the running torch's; needs no build.
 
 With no command it prints the help, and exits 2 as for any other usage
@@ -116,7 +116,8 @@ def _build(args):
             print(e, file=sys.stderr)
             return 1
         print(f"torch {torch.__version__} provides every member of the contract natively: built only "
-              f"advise()'s C++ watch, which advise() loads (import torch_ctxext loads nothing): {library}")
+              f"advise()'s C++ watch and FusedLinear's C++ Function, which they load (import torch_ctxext "
+              f"loads nothing): {library}")
         return 0 if advise_module.load(library) is not None else 1
     packaged = _extension.packaged_build()
     if packaged and packaged[1:] == (torch.__version__, torch.version.git_version) and not args.force:

@@ -30,7 +30,9 @@ def test_the_section_on_the_page_is_what_page_py_renders_from_the_raw_results():
 def test_where_fusing_pays_links_the_section_and_quotes_its_measured_figure():
     text = read("where-fusing-pays.md")
     assert "benchmarks.md#fusedlinears-cost-per-call" in text
-    quoted = re.search(r"a custom Function's call \(about (\d+) us on the CPU", text)
+    quoted = re.search(r"about (\d+) us over `nn.Linear` where FusedLinear\s+runs its C\+\+ Function, (\d+) us "
+                       r"where it runs its Python one", text)
     assert quoted, "the sentence quoting the cost per call is gone"
-    measured = per_call()["cpu"][0]["step_cpu_extra_us"]  # the smallest layer, used once
-    assert abs(int(quoted.group(1)) - measured) <= 1
+    smallest = per_call()["cpu"][0]  # the smallest layer, used once
+    assert abs(int(quoted.group(1)) - smallest["step_cpu_extra_us"]) <= 1
+    assert abs(int(quoted.group(2)) - smallest["step_cpu_python_us"]) <= 1

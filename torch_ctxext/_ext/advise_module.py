@@ -1,11 +1,13 @@
-"""advise()'s C++ watch on a torch that provides every member natively (torch 2.15).
+"""advise()'s C++ watch and FusedLinear's C++ Function on a torch that provides every member natively (torch 2.15).
 
 There ``import torch_ctxext`` loads no library: it has nothing to patch. The
-build for such a torch is advise()'s watch alone (csrc/advise_module.cpp,
+build for such a torch is advise()'s watch (csrc/advise_module.cpp,
 csrc/advise_watch.cpp: the walk over the C++ graph and C++ hooks, which
-record sizes and addresses without Python in the engine), and advise() loads
-it, the first time it watches a backward, under a name of its own
-(:data:`NAME`), so that nothing else finds a ``torch_ctxext._C``. It takes only
+record sizes and addresses without Python in the engine) and FusedLinear's
+C++ Function (csrc/fused_linear.cpp) alone. advise() loads it the first time
+it watches a backward, FusedLinear at its first call with a gradient, under a
+name of its own (:data:`NAME`), so that nothing else finds a
+``torch_ctxext._C``. It takes only
 a build made for exactly the running torch (version, git, C++ ABI, CPython),
 in this order:
 
@@ -17,7 +19,8 @@ in this order:
 It never compiles, never starts a process and never probes a layout (the
 watch reads public structures only). Without such a build advise() watches in
 Python, as it can anywhere, at a higher cost per backward
-(docs/where-fusing-pays.md). Looked for once per process; :data:`choice`
+(docs/where-fusing-pays.md), and FusedLinear runs its Python Function, at a
+higher cost per call. Looked for once per process; :data:`choice`
 says what was taken, or why nothing was (``python -m torch_ctxext info``).
 """
 import sys

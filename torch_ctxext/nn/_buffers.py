@@ -9,7 +9,16 @@ def readable_buffers(ctx, fuse):
     backward), where the property raises: the fallback, which is
     differentiable, runs instead. A tracer (``torch.compile``, compiled
     autograd) gets the fallback too. ``fuse=False`` never reads.
+
+    Where the property refuses (a post-hook on the drop-in's node, anomaly
+    detection, a buffer torch 2.15's thread and stream rules do not allow
+    adding into) the drop-in computes out of place, as its stock module
+    does: the refusal protects the buffer, and a drop-in never fails a step
+    its stock module runs.
     """
     if fuse and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        return ctx.input_grad_buffers
+        try:
+            return ctx.input_grad_buffers
+        except RuntimeError:
+            pass
     return (None,) * len(ctx.needs_input_grad)

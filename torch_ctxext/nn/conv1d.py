@@ -29,6 +29,7 @@ import torch
 
 from ._buffers import readable_buffers
 from ._matmul import backward as matmul_backward
+from .linear import through_cpp
 
 __all__ = ["FusedConv1DFunction", "conv1d_drop_in", "is_conv1d"]
 
@@ -83,7 +84,11 @@ def is_conv1d(cls):
 
 
 def _forward(self, x):
-    return FusedConv1DFunction.apply(x, self.weight, self.bias, self.fuse)
+    weight, bias, fuse = self.weight, self.bias, self.fuse
+    # The same Function in C++ where there is a build for it and the call is
+    # one it computes alike (linear.through_cpp), else the Python Function.
+    out = through_cpp("fused_conv1d", x, weight, bias, fuse)
+    return out if out is not None else FusedConv1DFunction.apply(x, weight, bias, fuse)
 
 
 def _repr(self):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ._buffers import readable_buffers
 from ._matmul import backward as matmul_backward
 from ._matmul import fold, is_column_major
-from .linear import FusedLinearFunction
+from .linear import fused_linear
 
 __all__ = ["linear", "FusedTransposedLinearFunction"]
 
@@ -92,4 +92,4 @@ def linear(input, weight, bias=None, *, fuse=True):
     transposed = _transposed_of(weight) if torch.is_grad_enabled() else None
     if transposed is not None:
         return FusedTransposedLinearFunction.apply(input, transposed, bias, fuse)
-    return FusedLinearFunction.apply(input, weight, bias, fuse)
+    return fused_linear(input, weight, bias, fuse)  # FusedLinear's Function (in C++ where it can)

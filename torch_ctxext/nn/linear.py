@@ -13,6 +13,21 @@ says where that pays.
 On torch 2.15 ``ctx.input_grad_buffers`` and ``ctx.set_output_grad_dtype``
 are native; on torch 2.6 to 2.14 ``import torch_ctxext`` provides them.
 
+Two Functions compute it, alike to the bit. Where torch_ctxext has a build
+for the running torch (its extension on torch 2.6 to 2.14; on 2.15, the
+build advise() loads too), FusedLinear runs on plain CPU tensors the Function
+written in C++ (``csrc/fused_linear.cpp``, a ``torch::autograd::Function``
+whose backward adds into the engine's buffers by the rules of
+``ctx.input_grad_buffers``): a Python ``autograd.Function`` costs about 15 us
+a call more than ``nn.Linear`` on the CPU, the C++ one about as much as
+``nn.Linear`` (docs/benchmarks.md, "FusedLinear's cost per call"). Elsewhere
+it runs :class:`FusedLinearFunction`, the Python one: torch 2.15 without that
+build, another device, a tensor subclass, a torch function or dispatch mode,
+autocast, forward AD, an input that folds into a matrix only by copying,
+a column-major matrix, under a tracer, and while ``advise()`` or
+``explain()`` observe (they see the Python Function's reads of
+``ctx.input_grad_buffers``).
+
 Three rules it follows (``docs/input_grad_buffers.md``):
 
 * every fused path has an out-of-place fallback, since whether a buffer is
@@ -48,13 +63,15 @@ reading one hidden state fuse whichever runs first).
 import torch
 import torch.nn.functional as F
 
+from .. import _explain, _features
 from ._matmul import fold, linear_grads
 
 _unsafe_view = torch.ops.aten._unsafe_view
 _grad_enabled = torch.is_grad_enabled
 _compiling = torch.compiler.is_compiling
+_routes = {}  # C++ Function name -> the build's function, or None; found at the first call
 
-__all__ = ["FusedLinear", "FusedLinearFunction"]
+__all__ = ["FusedLinear", "FusedLinearFunction", "fused_linear"]
 
 
 class FusedLinearFunction(torch.autograd.Function):
@@ -117,7 +134,10 @@ class FusedLinearFunction(torch.autograd.Function):
         fuse, has_bias, shape, dtype, column_major = ctx.linear
         needs = ctx.needs_input_grad
         if fuse and not _grad_enabled() and not _compiling():
-            x_buf, w_buf, b_buf, _ = ctx.input_grad_buffers
+            try:
+                x_buf, w_buf, b_buf, _ = ctx.input_grad_buffers
+            except RuntimeError:  # refused: out of place (_buffers.readable_buffers)
+                x_buf = w_buf = b_buf = None
             plain = x_buf is None and w_buf is None and b_buf is None
         else:
             x_buf = w_buf = b_buf = None
@@ -133,10 +153,11 @@ class FusedLinearFunction(torch.autograd.Function):
 
 
 class FusedLinear(torch.nn.Linear):
-    """``torch.nn.Linear`` with :class:`FusedLinearFunction` as its forward.
+    """``torch.nn.Linear`` with :class:`FusedLinearFunction` (or the same
+    Function in C++: see the module's docstring) as its forward.
 
-    ``fuse=False`` (or setting ``.fuse`` later) keeps the Function but never
-    reads the buffers: the same computation, unfused. Where nothing can
+    ``fuse=False`` (or setting ``.fuse`` later) keeps the Python Function but
+    never reads the buffers: the same computation, unfused. Where nothing can
     receive a gradient (no grad mode, or neither the input nor a parameter
     requires grad) it is ``nn.Linear``'s ``F.linear``, with no Function.
     """
@@ -147,10 +168,57 @@ class FusedLinear(torch.nn.Linear):
 
     def forward(self, x):
         weight, bias = self.weight, self.bias
-        if not _grad_enabled() or not (x.requires_grad or weight.requires_grad
-                                       or (bias is not None and bias.requires_grad)):
+        if not _grad_enabled():
             return F.linear(x, weight, bias)  # no gradient: nothing to fuse
-        return FusedLinearFunction.apply(x, weight, bias, self.fuse)
+        return fused_linear(x, weight, bias, self.fuse)
 
     def extra_repr(self):
         return super().extra_repr() + f", fuse={self.fuse}"
+
+
+def fused_linear(x, weight, bias, fuse):
+    """``FusedLinearFunction.apply(x, weight, bias, fuse)``, or the same
+    Function in C++ where there is a build for it and the call is one it
+    computes alike (see the module's docstring); ``F.linear`` where nothing
+    requires grad."""
+    out = through_cpp("fused_linear", x, weight, bias, fuse)
+    if out is not None:
+        return out
+    if not (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        return F.linear(x, weight, bias)  # no gradient: nothing to fuse
+    return FusedLinearFunction.apply(x, weight, bias, fuse)
+
+
+def through_cpp(name, x, weight, bias, fuse):
+    """The output of the build's C++ Function ``name`` (``fused_linear``,
+    ``fused_conv1d``: csrc/fused_linear.cpp) for ``(x, weight, bias)``, or
+    None where the drop-in's Python Function must run: no such build, a call
+    the C++ Function would not compute alike, ``fuse=False``, while
+    ``advise()`` or ``explain()`` observe (they see the Python Function's
+    reads) or a tracer runs (it traces the Python Function)."""
+    if fuse and not _explain._observers and not _compiling():
+        route = _routes[name] if name in _routes else _find_route(name)
+        if route is not None:
+            return route(x, weight, bias)
+    return None
+
+
+def cpp_function_build():
+    """The loaded build that carries the drop-ins' C++ Functions
+    (csrc/fused_linear.cpp), or None: the extension behind
+    ``ctx.input_grad_buffers`` (torch 2.6 to 2.14), or on a torch that
+    provides the whole contract (2.15) the build advise() loads too, where one
+    was made for it (``_ext/advise_module.py``: it never compiles). Its
+    ``_testing`` counts what the Functions' backward looked up and added
+    into."""
+    from .._ext import advise_module
+
+    extension = _features.extension_behind("input_grad_buffers") or advise_module.load()
+    return extension if hasattr(extension, "fused_linear") else None
+
+
+def _find_route(name):
+    """``cpp_function_build()``'s function ``name``, looked up once; None
+    where there is no such build."""
+    route = _routes[name] = getattr(cpp_function_build(), name, None)
+    return route

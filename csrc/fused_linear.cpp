@@ -1,0 +1,383 @@
+// FusedLinear's Function in C++: the same forward and backward as
+// torch_ctxext/nn/linear.py's FusedLinearFunction, without a Python
+// Function's cost per call.
+//
+// A Python autograd.Function costs about 15 us a call more than nn.Linear on
+// CPU (Function.apply's wrapper, a ctx, a Python backward under the GIL), which
+// is more than the whole saving of a fused small layer. This is a
+// torch::autograd::Function (a CppNode: hooks, saved-tensor checks, retain_graph,
+// create_graph and compiled autograd as any C++ custom Function), and its
+// backward adds into the engine's buffers by the rules of
+// ctx.input_grad_buffers: through the extension's own_node_buffers
+// (input_grad_buffers.h) on torch 2.6 to 2.14, through torch's own
+// get_current_input_grad_buffers on a torch that provides the property (2.15,
+// where this file is built with advise()'s watch: advise_module.cpp).
+//
+// fused_linear(x, weight, bias) takes the route only for what it computes
+// exactly as the Python Function does, and returns None for anything else, so
+// that FusedLinear runs the Python Function there: plain CPU tensors (no
+// subclass, no torch function mode, no dispatch mode, no autocast, no
+// functorch transform, no forward AD), one floating dtype, an input of two
+// dimensions stored row by row or of more that folds into a matrix as a view.
+#include "fused_linear.h"
+
+#if TORCH_CTXEXT_ALL_NATIVE
+#include <torch/csrc/autograd/anomaly_mode.h>
+#include <torch/csrc/autograd/graph_task.h>  // get_current_input_grad_buffers
+#else
+#include "input_grad_buffers.h"  // own_node_buffers
+#endif
+
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/ops/_unsafe_view.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/ones.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/forward_grad.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <algorithm>
+#include <atomic>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace torch_ctxext {
+
+namespace fused_linear_detail {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// For tests: how many backward calls looked for buffers, how many slots
+// they added into (the Python Function's reads and non-None entries).
+std::atomic<uint64_t> lookups{0};
+std::atomic<uint64_t> additions{0};
+
+// The engine's buffers `node` (running now) may add into, per next edge; none
+// where ctx.input_grad_buffers would raise (the node then computes out of
+// place, as the engine would). On a torch that provides the property (2.15),
+// torch's own lookup behind it, whose refusals raise; else the extension's
+// (input_grad_buffers.h).
+std::vector<at::Tensor> engine_buffers(torch::autograd::Node* node) {
+#if TORCH_CTXEXT_ALL_NATIVE
+  // The property's own refusals that torch checks before the engine's
+  // lookup (python_function.cpp), as own_node_buffers makes them.
+  if (!node->post_hooks().empty() ||
+      torch::autograd::AnomalyMode::is_enabled()) {
+    return {};
+  }
+  try {
+    return torch::autograd::get_current_input_grad_buffers(node);
+  } catch (const std::exception&) {
+    return {};
+  }
+#else
+  return own_node_buffers(node);
+#endif
+}
+
+// A vector of ones per (device, dtype), grown as needed: the bias's fused
+// row sum (addmv_) allocates nothing at each add (as _matmul.ones). One per
+// thread: no lock to take in the engine, none to be held across a fork().
+thread_local std::vector<std::pair<std::pair<c10::Device, at::ScalarType>, at::Tensor>> ones;
+
+at::Tensor ones_rows(int64_t rows, const at::Tensor& like) {
+  const std::pair<c10::Device, at::ScalarType> key{like.device(), like.scalar_type()};
+  auto it = std::find_if(ones.begin(), ones.end(),
+                         [&](const auto& entry) { return entry.first == key; });
+  if (it == ones.end()) {
+    ones.emplace_back(key, at::Tensor());
+    it = std::prev(ones.end());
+  }
+  if (!it->second.defined() || it->second.numel() < rows) {
+    it->second = at::ones({std::max<int64_t>(rows, 1024)}, like.options());
+  }
+  return it->second.narrow(0, 0, rows);
+}
+
+}  // namespace fused_linear_detail
+
+// The Function, with a bias or without (an absent bias would be no variable
+// input: no edge, no needs_input_grad(2)), for a weight stored out x in
+// (nn.Linear: y = x @ weight.t() + bias) or in x out (transformers' Conv1D:
+// y = x @ weight + bias, FusedConv1DFunction). CppNode names its node after it
+// ("torch_ctxext::FusedLinearFunction<true, true>" for nn.Linear's). It keeps
+// nothing but its saved tensors: the input's shape is the output gradient's,
+// with the input's features.
+template <bool kBias, bool kOutIn>
+struct FusedLinearFunction
+    : public torch::autograd::Function<FusedLinearFunction<kBias, kOutIn>> {
+  // Compiled autograd may trace the backward (2.6 refuses to otherwise): it
+  // reads nothing but its saved tensors and gradients there, since the
+  // engine's buffers are looked up only for the node the engine is running.
+  static constexpr bool is_traceable = true;
+
+  static at::Tensor forward(fused_linear_detail::AutogradContext* ctx,
+                            const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    save(ctx, x, weight);
+    if (!kOutIn) {  // Conv1D's forward, op for op
+      std::vector<int64_t> size_out(x.sizes().begin(), x.sizes().end());
+      size_out.back() = weight.size(1);
+      return at::addmm(bias, x.view({-1, x.size(-1)}), weight).view(size_out);
+    }
+    return at::linear(x, weight, bias);
+  }
+
+  static at::Tensor forward(fused_linear_detail::AutogradContext* ctx,
+                            const at::Tensor& x, const at::Tensor& weight) {
+    save(ctx, x, weight);
+    return at::linear(x, weight);
+  }
+
+  // What the stock layer saves: the input only where the weight's gradient
+  // needs it (the route takes no input that folds only by copying: see above).
+  static void save(fused_linear_detail::AutogradContext* ctx,
+                   const at::Tensor& x, const at::Tensor& weight) {
+    ctx->save_for_backward({weight.requires_grad() ? x : at::Tensor(), weight});
+  }
+
+  // _matmul.linear_grads, op for op (the same bits): where nothing is added
+  // into, nn.Linear's (or Conv1D's) own backward products.
+  static fused_linear_detail::variable_list backward(
+      fused_linear_detail::AutogradContext* ctx,
+      fused_linear_detail::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const bool needs[3] = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                           kBias && ctx->needs_input_grad(2)};
+    const at::Tensor& grad_out = grads[0];
+    std::vector<at::Tensor> buffers;
+    if (!at::GradMode::is_enabled()) {  // create_graph: the differentiable fallback
+      buffers = own_buffers(ctx);
+    }
+    torch::autograd::variable_list result(kBias ? 3 : 2);
+    const at::Tensor g0 = grad_out.dim() == 2
+                              ? grad_out
+                              : grad_out.reshape({-1, grad_out.size(-1)});
+    const at::Tensor g = g0.scalar_type() == weight.scalar_type()
+                             ? g0
+                             : g0.to(weight.scalar_type());
+    auto buffer = [&](size_t i) {
+      return i < buffers.size() && buffers[i].defined() &&
+                     buffers[i].scalar_type() == g.scalar_type()
+                 ? buffers[i]
+                 : at::Tensor();
+    };
+    // The weight as the input's gradient multiplies it: out x in.
+    const at::Tensor w_x = kOutIn ? weight : weight.t();
+    if (needs[0]) {
+      const at::Tensor x_buf = buffer(0);
+      const int64_t in = w_x.size(1);
+      if (x_buf.defined() && x_buf.is_contiguous()) {
+        x_buf.view({-1, in}).addmm_(g, w_x);
+        fused_linear_detail::additions++;
+      } else if (x_buf.defined() && x_buf.dim() == 2 && x_buf.t().is_contiguous()) {
+        x_buf.t().addmm_(w_x.t(), g.t());
+        fused_linear_detail::additions++;
+      } else {
+        at::Tensor product = g.mm(w_x);
+        if (grad_out.dim() == 2) {
+          result[0] = std::move(product);
+        } else {  // the input's shape: the output's, with the input's features
+          std::vector<int64_t> shape(grad_out.sizes().begin(), grad_out.sizes().end());
+          shape.back() = in;
+          result[0] = at::_unsafe_view(product, shape);
+        }
+      }
+    }
+    if (needs[1]) {
+      const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+      const at::Tensor a = kOutIn ? g.t() : x2.t();
+      const at::Tensor b = kOutIn ? x2 : g;
+      const at::Tensor w_buf = buffer(1);
+      if (w_buf.defined()) {
+        w_buf.addmm_(a, b);
+        fused_linear_detail::additions++;
+      } else {
+        result[1] = a.mm(b);
+      }
+    }
+    if (needs[2]) {
+      const at::Tensor b_buf = buffer(2);
+      if (b_buf.defined()) {
+        b_buf.addmv_(g.t(), fused_linear_detail::ones_rows(g.size(0), g));
+        fused_linear_detail::additions++;
+      } else {
+        result.back() = g.sum(0);
+      }
+    }
+    return result;
+  }
+
+ private:
+  // The engine's buffers for x, weight and bias where this backward may add
+  // into them: only when the node running is this ctx's own (compiled
+  // autograd calls the backward outside the engine's node execution).
+  static std::vector<at::Tensor> own_buffers(
+      fused_linear_detail::AutogradContext* ctx) {
+    const auto current = torch::autograd::get_current_node();
+    auto* node = dynamic_cast<torch::autograd::CppNode<FusedLinearFunction>*>(
+        current.get());
+    if (node == nullptr || &node->ctx_ != ctx) {
+      return {};
+    }
+    fused_linear_detail::lookups++;
+    return fused_linear_detail::engine_buffers(node);
+  }
+};
+
+namespace fused_linear_detail {
+
+PyObject* parameter_type = nullptr;  // torch.nn.Parameter
+
+// torch.Tensor or nn.Parameter itself: no __torch_function__ to honour.
+bool plain_type(PyObject* obj) {
+  auto* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+  return type == THPVariableClass || type == parameter_type;
+}
+
+// A dense CPU tensor with autograd and nothing else (no conjugate or negative
+// bit, no zero tensor, no functorch wrapper, no Python key): the keys
+// TensorImpl gives a CPU tensor (AutocastCPU among them: this thread's
+// dispatch excludes it unless autocast is on).
+bool plain_cpu(const at::Tensor& t) {
+  static const c10::DispatchKeySet keys =
+      c10::DispatchKeySet(c10::DispatchKey::CPU) |
+      c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit) |
+      c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
+  return t.key_set() == keys && t.layout() == at::kStrided;
+}
+
+// Whether this thread dispatches as eager code does by default: nothing
+// included beyond what every thread includes (no dispatch mode, no
+// functorch transform), nothing excluded beyond the autocast keys (not
+// inference mode or a C++ below-autograd guard), and CPU autocast off.
+bool default_dispatch() {
+  static const c10::DispatchKeySet always_included(
+      {c10::DispatchKey::BackendSelect, c10::DispatchKey::ADInplaceOrView});
+  const auto local = c10::impl::tls_local_dispatch_key_set();
+  return (local.included_ - always_included).empty() &&
+         (local.excluded_ - c10::autocast_dispatch_keyset).empty() &&
+         local.excluded_.has(c10::DispatchKey::AutocastCPU);
+}
+
+// Whether the input is one the route computes as the Python Function does:
+// at least a matrix, not empty; for nn.Linear's a matrix stored row by row
+// (FusedLinearFunction returns a column-major matrix's gradient column-major),
+// and more dimensions only where they fold into a matrix as a view (as
+// Conv1D's forward requires of any input: x.view(-1, in)).
+bool routable_input(const at::Tensor& x, bool out_in) {
+  if (x.dim() < 2 || x.numel() == 0) {
+    return false;
+  }
+  const auto sizes = x.sizes();
+  const auto strides = x.strides();
+  if (x.dim() == 2) {
+    return !out_in ||
+           !(strides[0] == 1 &&
+             (sizes[1] == 1 || strides[1] >= std::max<int64_t>(1, sizes[0])));
+  }
+  if (x.is_contiguous()) {
+    return true;
+  }
+  for (int64_t i = 0; i + 2 < x.dim(); ++i) {
+    if (strides[i] != strides[i + 1] * sizes[i + 1]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// fused_linear(x, weight, bias) and fused_conv1d(x, weight, bias): the
+// output, or None where the Python Function must run. METH_FASTCALL
+// functions (pybind11's dispatch costs about half a microsecond a call): the
+// drop-ins call them at every call.
+template <bool kOutIn>
+PyObject* apply_route(PyObject* /*module*/, PyObject* const* args,
+                      Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "takes 3 arguments: x, weight, bias");
+    return nullptr;
+  }
+  PyObject* x_obj = args[0];
+  PyObject* weight_obj = args[1];
+  PyObject* bias_obj = args[2];
+  const bool has_bias = bias_obj != Py_None;
+  if (!plain_type(x_obj) || !plain_type(weight_obj) ||
+      (has_bias ? !plain_type(bias_obj) : !kOutIn) ||
+      at::impl::torch_function_mode_enabled() || !default_dispatch() ||
+      torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr) {
+    Py_RETURN_NONE;
+  }
+  const at::Tensor& x = THPVariable_Unpack(x_obj);
+  const at::Tensor& weight = THPVariable_Unpack(weight_obj);
+  std::optional<at::Tensor> bias;
+  if (has_bias) {
+    bias = THPVariable_Unpack(bias_obj);
+  }
+  const auto dtype = weight.scalar_type();
+  if (!at::isFloatingType(dtype) || x.scalar_type() != dtype ||
+      !plain_cpu(x) || !plain_cpu(weight) || weight.dim() != 2 ||
+      x.size(-1) != weight.size(kOutIn ? 1 : 0) || !routable_input(x, kOutIn) ||
+      (has_bias && (bias->scalar_type() != dtype || !plain_cpu(*bias) ||
+                    bias->dim() != 1))) {
+    Py_RETURN_NONE;
+  }
+  at::Tensor out;
+  const bool needs_node = at::GradMode::is_enabled() &&
+      (x.requires_grad() || weight.requires_grad() || (has_bias && bias->requires_grad()));
+  if (!needs_node && kOutIn) {
+    out = at::linear(x, weight, bias);  // no gradient: F.linear, no node
+  } else if (has_bias) {
+    out = FusedLinearFunction<true, kOutIn>::apply(x, weight, *bias);
+  } else {
+    out = FusedLinearFunction<false, true>::apply(x, weight);
+  }
+  return THPVariable_Wrap(std::move(out));
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef route_defs[] = {
+    {"fused_linear",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_route<true>)),
+     METH_FASTCALL,
+     "FusedLinear's Function in C++: fused_linear(x, weight, bias) is its output, "
+     "or None where the Python Function must run (torch_ctxext/nn/linear.py)"},
+    {"fused_conv1d",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_route<false>)),
+     METH_FASTCALL,
+     "FusedConv1D's Function in C++: fused_conv1d(x, weight, bias) (weight in x out) "
+     "is its output, or None where the Python Function must run (torch_ctxext/nn/conv1d.py)"},
+};
+
+}  // namespace fused_linear_detail
+
+void register_fused_linear(py::module_& m, py::module_& testing) {
+  fused_linear_detail::parameter_type =
+      py::module_::import("torch.nn").attr("Parameter").cast<py::object>().release().ptr();
+  for (auto& def : fused_linear_detail::route_defs) {
+    PyObject* function = PyCFunction_New(&def, nullptr);
+    if (function == nullptr) {
+      throw py::error_already_set();
+    }
+    m.add_object(def.ml_name, py::reinterpret_steal<py::object>(function));
+  }
+  testing.def("fused_linear_lookups",
+              []() { return fused_linear_detail::lookups.load(); },
+              "How many of fused_linear's backward calls looked for the "
+              "engine's buffers");
+  testing.def("fused_linear_additions",
+              []() { return fused_linear_detail::additions.load(); },
+              "How many gradients fused_linear's backward added into the "
+              "engine's buffers");
+}
+
+}  // namespace torch_ctxext
