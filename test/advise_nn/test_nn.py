@@ -3,6 +3,7 @@ where the engine exposes a buffer, and passes check_function; fuse(model)
 swaps them in place without changing the model's parameters or state_dict.
 FusedLinear's own tests: test_examples.py (examples/fused_linear.py
 re-exports it) and the training stacks (test_training_stacks.py)."""
+import contextlib
 import copy
 import importlib.util
 import pickle
@@ -417,3 +418,63 @@ def test_the_cached_vector_of_ones_has_each_length_asked_for_across_its_growth_a
         vector = ones(rows, like)
         assert vector.dtype == torch.float64 and torch.equal(vector, torch.ones(rows, dtype=torch.float64))
     assert ones(3, like) is ones(3, like)
+
+
+# ------------------------------------------- where ctx.input_grad_buffers refuses
+
+def _used_thrice(make, run):
+    """A stock module and what one step of it (three uses) computes."""
+    def build():
+        torch.manual_seed(0)
+        module = make()
+        return module, lambda m: sum(run(m, k) for k in range(1, 4))
+    return build
+
+
+_TOKENS = torch.tensor([[1, 2], [2, 3]])
+_HIDDEN = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+_SEQUENCE = torch.randn(3, 2, 4, generator=torch.Generator().manual_seed(2))
+
+USED_THRICE = {
+    "Linear": _used_thrice(lambda: torch.nn.Linear(4, 4), lambda m, k: (m(_HIDDEN * k) * k).sum()),
+    "Embedding": _used_thrice(lambda: torch.nn.Embedding(6, 4), lambda m, k: (m(_TOKENS) * k).sum()),
+    "LSTMCell": _used_thrice(lambda: torch.nn.LSTMCell(4, 4), lambda m, k: (m(_HIDDEN * k)[0] * k).sum()),
+    "GRUCell": _used_thrice(lambda: torch.nn.GRUCell(4, 4), lambda m, k: (m(_HIDDEN * k) * k).sum()),
+    "MultiheadAttention": _used_thrice(lambda: torch.nn.MultiheadAttention(4, 2),
+                                       lambda m, k: (m(_SEQUENCE * k, _SEQUENCE, _SEQUENCE)[0] * k).sum()),
+}
+
+
+def _post_hooks_on_every_node(loss):
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        node.register_hook(lambda grad_inputs, grad_outputs: None)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+
+
+@pytest.mark.parametrize("refusal", ["anomaly detection", "post-hooks on the nodes"])
+@pytest.mark.parametrize("module", USED_THRICE)
+def test_where_input_grad_buffers_refuses_every_drop_in_runs_the_step_with_its_stock_modules_gradients(module, refusal):
+    """The property raises under anomaly detection and for a node with
+    post-hooks; each drop-in then computes out of place, as its stock module
+    does, instead of failing a step the stock module runs."""
+    def gradients(fused):
+        model, step = USED_THRICE[module]()
+        if fused:
+            fuse(model, everything=True)
+            assert type(model).__module__.startswith("torch_ctxext.nn"), type(model)
+        with torch.autograd.detect_anomaly(check_nan=False) if refusal == "anomaly detection" else contextlib.nullcontext():
+            loss = step(model)
+            if refusal == "post-hooks on the nodes":
+                _post_hooks_on_every_node(loss)
+            loss.backward()
+        return {name: p.grad for name, p in model.named_parameters()}
+
+    stock, fused = gradients(False), gradients(True)
+    assert stock.keys() == fused.keys()
+    for name in stock:
+        torch.testing.assert_close(fused[name], stock[name], msg=lambda m: f"{name}: {m}")
