@@ -155,7 +155,7 @@ def extension_build(torch):
                         f"TORCH_VERSION = {torch.__version__!r}\n"
                         f"TORCH_GIT_VERSION = {torch.version.git_version!r}\n"
                     )
-                if not _sources.advise_only(torch.__version__):  # advise()'s watch alone reads nothing by layout
+                if not _sources.advise_only(torch.__version__):  # advise()'s watch and the drop-ins' Function read nothing by layout
                     _verify_layout(self.get_ext_fullpath(ext.name))
 
     ext = CppExtension(

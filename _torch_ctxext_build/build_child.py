@@ -566,7 +566,7 @@ def build(target):
             except FileNotFoundError:
                 pass
             say(f"built in {seconds:.0f} s: {library}")
-            if not spec["record"].get("advise_only"):  # advise()'s watch alone reads nothing by layout
+            if not spec["record"].get("advise_only"):  # advise()'s watch and the drop-ins' Function read nothing by layout
                 verify_layout(library, log)
             return {"library": library, "built": True}
     except build_lock.LockTimeout as e:

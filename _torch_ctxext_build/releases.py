@@ -182,7 +182,8 @@ def native(member, version):
 
 def all_native(version):
     """Whether torch ``version`` provides every member of the contract itself
-    (torch_ctxext then patches nothing; its build is advise()'s watch alone)."""
+    (torch_ctxext then patches nothing; its build is advise()'s watch and the
+    drop-ins' C++ Function alone)."""
     return all(native(member, version) for member in NATIVE_FROM)
 
 

@@ -5,8 +5,9 @@ One list for every build: ``setup.py`` (the extension built at install),
 Every ``csrc/*.cpp`` is part of ``torch_ctxext._C``, so a file added to
 ``csrc/`` is picked up by all of them without naming it anywhere, except
 the files whose member the running torch provides natively
-(``ONLY_BEFORE``), and where it provides all of them, every file but
-advise()'s watch (``ADVISE_ONLY``).
+(``ONLY_BEFORE``), the files only the build for a torch that provides all
+of them compiles (``NATIVE_ONLY``), and in that build every file but
+advise()'s watch and the drop-ins' C++ Function (``ADVISE_ONLY``).
 
 How they are compiled: every source includes the autograd headers of torch
 (through ``engine_layout.h``), and those take most of a compile: on torch
@@ -50,14 +51,18 @@ ONLY_BEFORE = {
 # build is advise()'s C++ watch and FusedLinear's C++ Function alone: these
 # sources, advise_module.cpp the module (loaded by advise() and FusedLinear
 # only: torch_ctxext/_ext/advise_module.py), and never elsewhere.
-ADVISE_ONLY = ("advise_watch.cpp", "advise_module.cpp", "fused_linear.cpp")
-ADVISE_ONLY_MODULE = "advise_module.cpp"
+# fused_linear_native.cpp reads the engine's buffers for the drop-ins' C++
+# Function through torch's own get_current_input_grad_buffers there; elsewhere
+# input_grad_buffers.cpp defines the same function.
+ADVISE_ONLY = ("advise_watch.cpp", "advise_module.cpp", "fused_linear.cpp", "fused_linear_native.cpp")
+NATIVE_ONLY = ("advise_module.cpp", "fused_linear_native.cpp")
 
 # The generated translation units and the sources each includes, about equal
 # in compile time (measured on torch 2.13). A source named in neither (a new
 # file in csrc/) joins the last.
 UNITS = (
-    ("unit_engine", ("engine_layout.cpp", "input_grad_buffers.cpp", "direct_accumulation.cpp", "patching.cpp", "boxed_grads.cpp", "fused_linear.cpp")),
+    ("unit_engine", ("engine_layout.cpp", "input_grad_buffers.cpp", "direct_accumulation.cpp", "patching.cpp", "boxed_grads.cpp", "fused_linear.cpp",
+                     "fused_linear_native.cpp")),
     ("unit_module", ("module.cpp", "output_grad_dtype.cpp", "advise_watch.cpp", "advise_module.cpp")),
 )
 
@@ -80,11 +85,12 @@ def sources(directory, torch_version=None):
         return [p for p in found if os.path.basename(p) in ADVISE_ONLY]
     old_side = releases.boundaries(torch_version)
     return [p for p in found if old_side.get(ONLY_BEFORE.get(os.path.basename(p)), True)
-            and os.path.basename(p) != ADVISE_ONLY_MODULE]
+            and os.path.basename(p) not in NATIVE_ONLY]
 
 
 def advise_only(torch_version):
-    """Whether a build for ``torch_version`` is advise()'s watch alone."""
+    """Whether a build for ``torch_version`` is advise()'s watch and the
+    drop-ins' C++ Function alone (ADVISE_ONLY)."""
     return releases.all_native(torch_version)
 
 
@@ -139,10 +145,6 @@ def define_macros(torch_version, torch_git_version):
     return [
         ("TORCH_CTXEXT_BUILT_FOR_TORCH", c_string(torch_version)),
         ("TORCH_CTXEXT_BUILT_FOR_GIT", c_string(torch_git_version)),
-        # The build of a torch that provides every member natively (ADVISE_ONLY's
-        # sources): csrc/fused_linear.cpp then reads the engine's buffers through
-        # torch's own get_current_input_grad_buffers.
-        ("TORCH_CTXEXT_ALL_NATIVE", "1" if advise_only(torch_version) else "0"),
     ] + releases.define_macros(torch_version)
 
 

@@ -8,10 +8,9 @@
 // torch::autograd::Function (a CppNode: hooks, saved-tensor checks, retain_graph,
 // create_graph and compiled autograd as any C++ custom Function), and its
 // backward adds into the engine's buffers by the rules of
-// ctx.input_grad_buffers: through the extension's own_node_buffers
-// (input_grad_buffers.h) on torch 2.6 to 2.14, through torch's own
-// get_current_input_grad_buffers on a torch that provides the property (2.15,
-// where this file is built with advise()'s watch: advise_module.cpp).
+// ctx.input_grad_buffers (engine_buffers, fused_linear.h: the extension's
+// lookup on torch 2.6 to 2.14, torch's own on a torch that provides the
+// property, 2.15, where this file is built with advise()'s watch).
 //
 // fused_linear(x, weight, bias) takes the route only for what it computes
 // exactly as the Python Function does, and returns None for anything else, so
@@ -20,13 +19,6 @@
 // functorch transform, no forward AD), one floating dtype, an input of two
 // dimensions stored row by row or of more that folds into a matrix as a view.
 #include "fused_linear.h"
-
-#if TORCH_CTXEXT_ALL_NATIVE
-#include <torch/csrc/autograd/anomaly_mode.h>
-#include <torch/csrc/autograd/graph_task.h>  // get_current_input_grad_buffers
-#else
-#include "input_grad_buffers.h"  // own_node_buffers
-#endif
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/ops/_unsafe_view.h>
@@ -57,29 +49,6 @@ using torch::autograd::variable_list;
 // they added into (the Python Function's reads and non-None entries).
 std::atomic<uint64_t> lookups{0};
 std::atomic<uint64_t> additions{0};
-
-// The engine's buffers `node` (running now) may add into, per next edge; none
-// where ctx.input_grad_buffers would raise (the node then computes out of
-// place, as the engine would). On a torch that provides the property (2.15),
-// torch's own lookup behind it, whose refusals raise; else the extension's
-// (input_grad_buffers.h).
-std::vector<at::Tensor> engine_buffers(torch::autograd::Node* node) {
-#if TORCH_CTXEXT_ALL_NATIVE
-  // The property's own refusals that torch checks before the engine's
-  // lookup (python_function.cpp), as own_node_buffers makes them.
-  if (!node->post_hooks().empty() ||
-      torch::autograd::AnomalyMode::is_enabled()) {
-    return {};
-  }
-  try {
-    return torch::autograd::get_current_input_grad_buffers(node);
-  } catch (const std::exception&) {
-    return {};
-  }
-#else
-  return own_node_buffers(node);
-#endif
-}
 
 // A vector of ones per (device, dtype), grown as needed: the bias's fused
 // row sum (addmv_) allocates nothing at each add (as _matmul.ones). One per
@@ -229,7 +198,7 @@ struct FusedLinearFunction
       return {};
     }
     fused_linear_detail::lookups++;
-    return fused_linear_detail::engine_buffers(node);
+    return engine_buffers(node);
   }
 };
 

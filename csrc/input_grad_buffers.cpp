@@ -10,6 +10,7 @@
 #include "input_grad_buffers.h"
 
 #include "direct_accumulation.h"
+#include "fused_linear.h"
 
 #include <ATen/TensorSubclassLikeUtils.h>
 #include <ATen/Context.h>
@@ -293,7 +294,7 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
   return result;
 }
 
-std::vector<at::Tensor> own_node_buffers(Node* node) {
+std::vector<at::Tensor> engine_buffers(Node* node) {
   std::vector<at::Tensor> exposed(node->num_outputs());
   // Where the getter raises, nothing is added into: the node computes its
   // gradients out of place, as without buffers.

@@ -50,16 +50,6 @@ inline constexpr const char* kReentrant =
 // NotACtxError when `ctx` is not a custom Function's ctx.
 PyObject* input_grad_buffers(PyObject* ctx);
 
-// For a node of torch_ctxext's own whose backward adds into the engine's
-// buffers itself (FusedLinear's, fused_linear.cpp), while it runs: per next
-// edge, the slot it may add into, by the getter's rules (the in-place rule,
-// torch 2.15's thread and stream rules), else an undefined tensor. Where the
-// getter would raise (post-hooks on the node, anomaly mode, create_graph,
-// post-processing, a refused slot) it returns undefined tensors instead: the
-// node then computes out of place, as the engine would. Takes the task's
-// mutex (without the GIL, which such a node's backward does not hold).
-std::vector<at::Tensor> own_node_buffers(Node* node);
-
 // Why an entry of input_grad_buffers is what it is: a code from
 // torch_ctxext/_explain.py's vocabulary, which phrases it, and the detail
 // its sentence needs.

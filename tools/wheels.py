@@ -88,8 +88,9 @@ def python_facts(python):
 
 
 def advise_only(release):
-    """Whether the binary for ``release`` is advise()'s watch alone (a torch
-    that provides every member natively)."""
+    """Whether the binary for ``release`` is advise()'s watch and the
+    drop-ins' C++ Functions alone (a torch that provides every member
+    natively)."""
     return releases.all_native(release)
 
 
@@ -347,7 +348,8 @@ def main(argv=None):
         if not releases.supported(release):
             sys.exit(f"wheels: torch {release} is not supported (torch{releases.requirement()})")
         if advise_only(release):
-            say(f"torch {release} provides every member natively: its binary is advise()'s C++ watch alone")
+            say(f"torch {release} provides every member natively: its binary is advise()'s C++ watch and the "
+                "drop-ins' C++ Functions alone")
     os.makedirs(args.out, exist_ok=True)
     start, compiled, summary = time.monotonic(), 0, []
     pure = pure_wheel(args.cache)

@@ -106,8 +106,9 @@ def _build(args):
     from torch_ctxext._ext import loader as _extension
 
     if all(status == "native" for status in torch_ctxext.features().values()):
-        # Nothing to patch: the build is advise()'s C++ watch alone, which
-        # reads nothing by layout (no verdict to make).
+        # Nothing to patch: the build is advise()'s C++ watch and the
+        # drop-ins' C++ Function alone, which read nothing by layout (no
+        # verdict to make).
         from torch_ctxext._ext import advise_module
 
         try:
