@@ -241,7 +241,7 @@ def test(job, args):
       suite on the test device;
     * each CI release: its report and the suite on the test device; where the
       releases differ (test_release_boundaries.py), advise's report, its C++
-      watch and the drop-ins; the import's and the install's effect on a
+      watch and the drop-ins with their C++ Function; the import's and the install's effect on a
       process. The oldest release runs its report and its suite on the test
       device only: the whole test/ on that same torch, with the test device
       (CPython 3.10, below), runs the rest;
@@ -323,12 +323,13 @@ def test(job, args):
             print(f"== torch {version}: where the releases differ, advise, the drop-ins and the import's effect on a "
                   "process are tested by the plugin's own tests on that torch (CPython 3.10, below)")
             continue
-        steps.run(f"where the releases differ, advise's report, its C++ watch and the drop-ins "
-                  f"(test_release_boundaries.py, test_advise_models.py, test_advise_watch.py, test_nn.py); the "
-                  f"import leaves the process as import torch does, the install resolves against this torch: "
-                  f"torch {version}",
+        steps.run(f"where the releases differ, advise's report, its C++ watch and the drop-ins, their C++ "
+                  f"Function (test_release_boundaries.py, test_advise_models.py, test_advise_watch.py, test_nn.py, "
+                  f"test_nn_fused_linear_route.py); the import leaves the process as import torch does, the "
+                  f"install resolves against this torch: torch {version}",
                   job.pytest, python, job.test("test_release_boundaries.py", "test_advise_models.py",
-                                               "test_advise_watch.py", "test_nn.py") + job.import_tests(),
+                                               "test_advise_watch.py", "test_nn.py",
+                                               "test_nn_fused_linear_route.py") + job.import_tests(),
                   job.log(f"test-{version}.log"))
 
     steps.run("the compatibility matrix in the docs matches these reports", lambda: command(
