@@ -21,6 +21,7 @@
 #include "fused_linear.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/_unsafe_view.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/linear.h>
@@ -75,12 +76,14 @@ at::Tensor ones_rows(int64_t rows, const at::Tensor& like) {
 // input: no edge, no needs_input_grad(2)), for a weight stored out x in
 // (nn.Linear: y = x @ weight.t() + bias) or in x out (transformers' Conv1D:
 // y = x @ weight + bias, FusedConv1DFunction). CppNode names its node after it
-// ("torch_ctxext::FusedLinearFunction<true, true>" for nn.Linear's). It keeps
-// nothing but its saved tensors: the input's shape is the output gradient's,
-// with the input's features.
-template <bool kBias, bool kOutIn>
+// ("torch_ctxext::FusedLinearFunction<true, true, true>" for nn.Linear's). It
+// keeps nothing but its saved tensors: the input's shape is the output
+// gradient's, with the input's features. kFuseInput false is
+// FusedProjectionFunction (nn/attention.py): the input's gradient is returned,
+// never added into, as FusedMultiheadAttention promises.
+template <bool kBias, bool kOutIn, bool kFuseInput = true>
 struct FusedLinearFunction
-    : public torch::autograd::Function<FusedLinearFunction<kBias, kOutIn>> {
+    : public torch::autograd::Function<FusedLinearFunction<kBias, kOutIn, kFuseInput>> {
   // Compiled autograd may trace the backward (2.6 refuses to otherwise): it
   // reads nothing but its saved tensors and gradients there, since the
   // engine's buffers are looked up only for the node the engine is running.
@@ -142,7 +145,7 @@ struct FusedLinearFunction
     // The weight as the input's gradient multiplies it: out x in.
     const at::Tensor w_x = kOutIn ? weight : weight.t();
     if (needs[0]) {
-      const at::Tensor x_buf = buffer(0);
+      const at::Tensor x_buf = kFuseInput ? buffer(0) : at::Tensor();
       const int64_t in = w_x.size(1);
       if (x_buf.defined() && x_buf.is_contiguous()) {
         x_buf.view({-1, in}).addmm_(g, w_x);
@@ -264,64 +267,172 @@ bool routable_input(const at::Tensor& x, bool out_in) {
   return true;
 }
 
-// fused_linear(x, weight, bias) and fused_conv1d(x, weight, bias): the
-// output, or None where the Python Function must run. METH_FASTCALL
-// functions (pybind11's dispatch costs about half a microsecond a call): the
-// drop-ins call them at every call.
-template <bool kOutIn>
-PyObject* apply_route(PyObject* /*module*/, PyObject* const* args,
-                      Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "takes 3 arguments: x, weight, bias");
-    return nullptr;
-  }
-  PyObject* x_obj = args[0];
-  PyObject* weight_obj = args[1];
-  PyObject* bias_obj = args[2];
+// Whether (x, weight, bias) is a product the C++ Function computes as the
+// Python Function does, from Python objects: bias may be None (Py_None).
+bool routable(PyObject* x_obj, PyObject* weight_obj, PyObject* bias_obj, bool out_in) {
   const bool has_bias = bias_obj != Py_None;
+  // Conv1D always has a bias (its forward is addmm): a None there is a call
+  // the Python Function reports, not one to route.
   if (!plain_type(x_obj) || !plain_type(weight_obj) ||
-      (has_bias ? !plain_type(bias_obj) : !kOutIn) ||
-      at::impl::torch_function_mode_enabled() || !default_dispatch() ||
-      torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr) {
-    Py_RETURN_NONE;
+      !(has_bias ? plain_type(bias_obj) : out_in)) {
+    return false;
   }
   const at::Tensor& x = THPVariable_Unpack(x_obj);
   const at::Tensor& weight = THPVariable_Unpack(weight_obj);
-  std::optional<at::Tensor> bias;
-  if (has_bias) {
-    bias = THPVariable_Unpack(bias_obj);
-  }
   const auto dtype = weight.scalar_type();
   if (!at::isFloatingType(dtype) || x.scalar_type() != dtype ||
       !plain_cpu(x) || !plain_cpu(weight) || weight.dim() != 2 ||
-      x.size(-1) != weight.size(kOutIn ? 1 : 0) || !routable_input(x, kOutIn) ||
-      (has_bias && (bias->scalar_type() != dtype || !plain_cpu(*bias) ||
-                    bias->dim() != 1))) {
+      x.size(-1) != weight.size(out_in ? 1 : 0) || !routable_input(x, out_in)) {
+    return false;
+  }
+  if (!has_bias) {
+    return true;
+  }
+  const at::Tensor& bias = THPVariable_Unpack(bias_obj);
+  return bias.scalar_type() == dtype && plain_cpu(bias) && bias.dim() == 1;
+}
+
+// Whether this thread runs eager code as by default (see default_dispatch),
+// with no torch function mode and no forward AD level.
+bool default_modes() {
+  return !at::impl::torch_function_mode_enabled() && default_dispatch() &&
+         torch::autograd::ForwardADLevel::try_get_by_idx(0) == nullptr;
+}
+
+// One product of a routable call: the C++ Function where a gradient may
+// flow, F.linear (no node) where none can (Conv1D's forward is its own).
+template <bool kOutIn, bool kFuseInput>
+at::Tensor product(PyObject* x_obj, PyObject* weight_obj, PyObject* bias_obj) {
+  const at::Tensor& x = THPVariable_Unpack(x_obj);
+  const at::Tensor& weight = THPVariable_Unpack(weight_obj);
+  if (bias_obj == Py_None) {
+    if (!at::GradMode::is_enabled() || !(x.requires_grad() || weight.requires_grad())) {
+      return at::linear(x, weight);
+    }
+    return FusedLinearFunction<false, true, kFuseInput>::apply(x, weight);
+  }
+  const at::Tensor& bias = THPVariable_Unpack(bias_obj);
+  const bool needs_node = at::GradMode::is_enabled() &&
+      (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
+  if (!needs_node && kOutIn) {
+    return at::linear(x, weight, bias);
+  }
+  return FusedLinearFunction<true, kOutIn, kFuseInput>::apply(x, weight, bias);
+}
+
+bool check_nargs(Py_ssize_t nargs, Py_ssize_t expected, const char* names) {
+  if (nargs == expected) {
+    return true;
+  }
+  PyErr_Format(PyExc_TypeError, "takes %zd arguments: %s", expected, names);
+  return false;
+}
+
+// fused_linear(x, weight, bias), fused_projection(x, weight, bias) and
+// fused_conv1d(x, weight, bias): the output, or None where the Python
+// Function must run. METH_FASTCALL functions (pybind11's dispatch costs about
+// half a microsecond a call): the drop-ins call them at every call.
+template <bool kOutIn, bool kFuseInput>
+PyObject* apply_route(PyObject* /*module*/, PyObject* const* args,
+                      Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs(nargs, 3, "x, weight, bias")) {
+    return nullptr;
+  }
+  if (!default_modes() || !routable(args[0], args[1], args[2], kOutIn)) {
     Py_RETURN_NONE;
   }
-  at::Tensor out;
-  const bool needs_node = at::GradMode::is_enabled() &&
-      (x.requires_grad() || weight.requires_grad() || (has_bias && bias->requires_grad()));
-  if (!needs_node && kOutIn) {
-    out = at::linear(x, weight, bias);  // no gradient: F.linear, no node
-  } else if (has_bias) {
-    out = FusedLinearFunction<true, kOutIn>::apply(x, weight, *bias);
-  } else {
-    out = FusedLinearFunction<false, true>::apply(x, weight);
+  return THPVariable_Wrap(product<kOutIn, kFuseInput>(args[0], args[1], args[2]));
+  END_HANDLE_TH_ERRORS
+}
+
+// A hidden or cell state the cell's arithmetic reads: a plain CPU tensor
+// (a subclass would see its Python ops, not these).
+bool plain_state(PyObject* obj) {
+  return plain_type(obj) && plain_cpu(THPVariable_Unpack(obj));
+}
+
+// fused_gru_cell(x, h, weight_ih, weight_hh, bias_ih, bias_hh): FusedGRUCell's
+// step on batched inputs (nn/gru.py), its two products by the C++ Function
+// and the rest as aten::gru_cell computes it on the CPU, op for op (the
+// Python code's order: the same nodes, the same bits), or None.
+PyObject* gru_cell(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs(nargs, 6, "x, h, weight_ih, weight_hh, bias_ih, bias_hh")) {
+    return nullptr;
   }
-  return THPVariable_Wrap(std::move(out));
+  if (!default_modes() || !routable(args[0], args[2], args[4], true) ||
+      !routable(args[1], args[3], args[5], true) || !plain_state(args[1])) {
+    Py_RETURN_NONE;
+  }
+  const at::Tensor& h = THPVariable_Unpack(args[1]);
+  const auto igates = product<true, true>(args[0], args[2], args[4]).unsafe_chunk(3, 1);
+  const auto hgates = product<true, true>(args[1], args[3], args[5]).unsafe_chunk(3, 1);
+  const auto reset_gate = hgates[0].add_(igates[0]).sigmoid_();
+  const auto input_gate = hgates[1].add_(igates[1]).sigmoid_();
+  const auto new_gate = igates[2].add(hgates[2].mul_(reset_gate)).tanh_();
+  return THPVariable_Wrap((h - new_gate).mul_(input_gate).add_(new_gate));
+  END_HANDLE_TH_ERRORS
+}
+
+// fused_lstm_cell(x, h, c, weight_ih, weight_hh, bias_ih, bias_hh):
+// FusedLSTMCell's step on batched inputs (nn/rnn.py), as aten::lstm_cell on
+// the CPU with its products by the C++ Function: (hy, cy), or None.
+PyObject* lstm_cell(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!check_nargs(nargs, 7, "x, h, c, weight_ih, weight_hh, bias_ih, bias_hh")) {
+    return nullptr;
+  }
+  if (!default_modes() || !routable(args[1], args[4], args[6], true) ||
+      !routable(args[0], args[3], args[5], true) || !plain_state(args[2])) {
+    Py_RETURN_NONE;
+  }
+  const at::Tensor& c = THPVariable_Unpack(args[2]);
+  const at::Tensor hgates = product<true, true>(args[1], args[4], args[6]);
+  const auto gates = hgates.add_(product<true, true>(args[0], args[3], args[5])).unsafe_chunk(4, 1);
+  const auto in_gate = gates[0].sigmoid_();
+  const auto forget_gate = gates[1].sigmoid_();
+  const auto cell_gate = gates[2].tanh_();
+  const auto out_gate = gates[3].sigmoid_();
+  auto cy = (forget_gate * c).add_(in_gate * cell_gate);
+  auto hy = out_gate * cy.tanh();
+  PyObject* result = PyTuple_New(2);
+  if (result == nullptr) {
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(result, 0, THPVariable_Wrap(std::move(hy)));
+  PyTuple_SET_ITEM(result, 1, THPVariable_Wrap(std::move(cy)));
+  return result;
   END_HANDLE_TH_ERRORS
 }
 
 PyMethodDef route_defs[] = {
     {"fused_linear",
-     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_route<true>)),
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_route<true, true>)),
      METH_FASTCALL,
      "FusedLinear's Function in C++: fused_linear(x, weight, bias) is its output, "
      "or None where the Python Function must run (torch_ctxext/nn/linear.py)"},
+    {"fused_projection",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_route<true, false>)),
+     METH_FASTCALL,
+     "FusedProjectionFunction in C++ (FusedMultiheadAttention's products: the "
+     "input's gradient is returned, never added into): fused_projection(x, weight, "
+     "bias) is its output, or None where the Python Function must run "
+     "(torch_ctxext/nn/attention.py)"},
+    {"fused_gru_cell",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(gru_cell)),
+     METH_FASTCALL,
+     "FusedGRUCell's step in C++: fused_gru_cell(x, h, weight_ih, weight_hh, bias_ih, "
+     "bias_hh) is the new hidden state, or None where the Python code must run "
+     "(torch_ctxext/nn/gru.py)"},
+    {"fused_lstm_cell",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(lstm_cell)),
+     METH_FASTCALL,
+     "FusedLSTMCell's step in C++: fused_lstm_cell(x, h, c, weight_ih, weight_hh, "
+     "bias_ih, bias_hh) is (hy, cy), or None where the Python code must run "
+     "(torch_ctxext/nn/rnn.py)"},
     {"fused_conv1d",
-     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_route<false>)),
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_route<false, true>)),
      METH_FASTCALL,
      "FusedConv1D's Function in C++: fused_conv1d(x, weight, bias) (weight in x out) "
      "is its output, or None where the Python Function must run (torch_ctxext/nn/conv1d.py)"},

@@ -478,3 +478,26 @@ def test_where_input_grad_buffers_refuses_every_drop_in_runs_the_step_with_its_s
     assert stock.keys() == fused.keys()
     for name in stock:
         torch.testing.assert_close(fused[name], stock[name], msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("module", USED_THRICE)
+def test_under_cpu_autocast_every_drop_in_runs_the_step_with_its_stock_modules_gradients_in_their_dtype(module):
+    """Under ``torch.autocast`` the products run in bfloat16 and the
+    parameters stay float32: each drop-in's step runs where its stock
+    module's does, with float32 gradients equal to the stock module's within
+    bfloat16's precision (the drop-ins compute the weights' gradients from a
+    float32 output gradient, ``ctx.set_output_grad_dtype``)."""
+    def gradients(fused):
+        model, step = USED_THRICE[module]()
+        if fused:
+            fuse(model, everything=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = step(model)
+        loss.float().backward()
+        return {name: p.grad for name, p in model.named_parameters()}
+
+    stock, fused = gradients(False), gradients(True)
+    assert stock.keys() == fused.keys()
+    for name in stock:
+        assert fused[name].dtype == stock[name].dtype == torch.float32
+        torch.testing.assert_close(fused[name], stock[name], rtol=0.05, atol=0.05, msg=lambda m: f"{name}: {m}")

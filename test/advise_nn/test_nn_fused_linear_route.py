@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_ctxext import _explain, _features
 from torch_ctxext._ext import advise_module
-from torch_ctxext.nn import FusedLinear, linear
+from torch_ctxext.nn import FusedGRUCell, FusedLinear, FusedLSTMCell, FusedMultiheadAttention, linear
 from torch_ctxext.nn.conv1d import conv1d_drop_in
 from torch_ctxext.nn.functional import linear as linear_function
 
@@ -42,7 +42,7 @@ def additions():
 def route(name):
     """The drop-ins find their C++ Function ("cpp") or none ("python")."""
     saved = dict(linear._routes)
-    for function in ("fused_linear", "fused_conv1d"):
+    for function in ("fused_linear", "fused_projection", "fused_conv1d", "fused_gru_cell", "fused_lstm_cell"):
         linear._routes[function] = getattr(EXTENSION, function) if name == "cpp" else None
     try:
         yield
@@ -61,7 +61,7 @@ def test_on_plain_cpu_tensors_fusedlinear_and_fusedconv1d_run_the_cpp_function_w
             "FusedLinearFunctionBackward", "FusedLinearFunctionBackward", "FusedConv1DFunctionBackward"]
     else:
         assert [node.name() for node in nodes] == [
-            f"torch::autograd::CppNode<torch_ctxext::FusedLinearFunction<{bias}, {out_in}> >"
+            f"torch::autograd::CppNode<torch_ctxext::FusedLinearFunction<{bias}, {out_in}, true> >"
             for bias, out_in in (("true", "true"), ("false", "true"), ("true", "false"))]
 
 
@@ -129,6 +129,41 @@ def conv1d(times, make_input=lambda: leaf(4, F)):
     return build
 
 
+def unrolled(cell_class):
+    """A FusedGRUCell or FusedLSTMCell unrolled over four steps: on the C++
+    route each step's two products are two C++ Functions, on the Python one
+    its gates' Function (FusedGRUGatesFunction, FusedLSTMGatesFunction)."""
+    def build():
+        cell = cell_class(F, F)
+        xs = [leaf(4, F) for _ in range(4)]
+
+        def loss():
+            h = c = torch.zeros(4, F)
+            for x in xs:
+                if isinstance(cell, FusedLSTMCell):
+                    h, c = cell(x, (h, c))
+                else:
+                    h = cell(x, h)
+            return h.pow(2).sum()
+        return [cell, *xs], loss
+    return build
+
+
+def shared_attention():
+    """One FusedMultiheadAttention applied three times (a shared encoder
+    layer's self-attention): its packed in-projection and out_proj, each
+    through the C++ FusedProjectionFunction or the Python one."""
+    attention = FusedMultiheadAttention(F, 2)
+    x = leaf(5, 3, F)
+
+    def loss():
+        y = x
+        for _ in range(3):
+            y = attention(y, y, y, need_weights=False)[0]
+        return y.pow(2).sum()
+    return [attention, x], loss
+
+
 def sliced_rows():
     return leaf(8, F)[::2]
 
@@ -155,6 +190,9 @@ SCENARIOS = {
     "Conv1D used once": conv1d(1),
     "Conv1D on a batch of sequences": conv1d(3, batched),
     "Conv1D on every other row": conv1d(3, sliced_rows),
+    "an unrolled GRUCell": unrolled(FusedGRUCell),
+    "an unrolled LSTMCell": unrolled(FusedLSTMCell),
+    "a shared MultiheadAttention": shared_attention,
 }
 
 
@@ -353,3 +391,65 @@ def test_while_advise_or_explain_observes_fusedlinear_runs_the_python_function_w
     with route("cpp"):
         assert type(layer(x).grad_fn).__name__ == "CppFunction"
 
+
+
+def node_names(out):
+    """The class names of every node behind ``out``."""
+    seen, stack, names = set(), [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+CELLS_NOT_ROUTED = {
+    # name: (the states (h, c), given plain ones; the context the step runs in)
+    "a subclass hidden state": (lambda h, c: (h.as_subclass(Tagged), c), plain),
+    "a subclass cell state": (lambda h, c: (h, c.as_subclass(Tagged)), plain),
+    "a torch function mode": (lambda h, c: (h, c), Passing),
+    "autocast": (lambda h, c: (h, c), lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
+}
+
+
+@needs_route
+@pytest.mark.parametrize("cell_class", [FusedGRUCell, FusedLSTMCell])
+@pytest.mark.parametrize("case", CELLS_NOT_ROUTED)
+def test_where_the_cpp_step_would_not_compute_alike_the_cells_run_their_gates_python_function(case, cell_class):
+    make, context = CELLS_NOT_ROUTED[case]
+    lstm = cell_class is FusedLSTMCell
+    if case == "a subclass cell state" and not lstm:
+        pytest.skip("a GRU cell has no cell state")
+    cell, x = cell_class(F, F), leaf(4, F)
+    h, c = make(torch.zeros(4, F), torch.zeros(4, F))
+    with route("cpp"), context():
+        step = EXTENSION.fused_lstm_cell if lstm else EXTENSION.fused_gru_cell
+        states = (h, c) if lstm else (h,)
+        assert step(x, *states, cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh) is None
+        out = cell(x, (h, c))[0] if lstm else cell(x, h)
+    gates = "FusedLSTMGatesFunctionBackward" if lstm else "FusedGRUGatesFunctionBackward"
+    assert gates in node_names(out)
+    assert "CppFunction" not in node_names(out)
+
+
+@needs_route
+@pytest.mark.parametrize("cell_class", [FusedGRUCell, FusedLSTMCell])
+def test_the_cells_unbatched_and_without_a_bias_take_the_cpp_step_with_the_python_steps_gradients(cell_class):
+    def grads(name):
+        torch.manual_seed(0)
+        with route(name):
+            cell, x = cell_class(F, F, bias=False), leaf(F)
+            h = x.new_zeros(F)
+            states = (h, h) if cell_class is FusedLSTMCell else h
+            for _ in range(3):
+                out = cell(x, states)
+                states = out
+            (out[0] if isinstance(out, tuple) else out).pow(2).sum().backward()
+            return [cell.weight_ih.grad, cell.weight_hh.grad, x.grad], node_names(out[0] if isinstance(out, tuple)
+                                                                                    else out)
+    (cpp, cpp_nodes), (py, _) = grads("cpp"), grads("python")
+    assert "CppFunction" in cpp_nodes
+    assert all(torch.equal(a, b) for a, b in zip(cpp, py))

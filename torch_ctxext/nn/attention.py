@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from ._buffers import readable_buffers
 from ._matmul import linear_grads
-from .linear import FusedLinearFunction
+from .linear import FusedLinearFunction, through_cpp
 
 __all__ = ["FusedMultiheadAttention", "FusedProjectionFunction"]
 
@@ -69,7 +69,10 @@ class FusedProjectionFunction(FusedLinearFunction):
 
 
 def _linear(x, weight, bias, fuse):
-    return FusedProjectionFunction.apply(x, weight, bias, fuse)
+    """A projection: FusedProjectionFunction, or the same Function in C++
+    where there is a build for it (``linear.through_cpp``)."""
+    out = through_cpp("fused_projection", fuse, x, weight, bias)
+    return FusedProjectionFunction.apply(x, weight, bias, fuse) if out is None else out
 
 
 class FusedMultiheadAttention(torch.nn.MultiheadAttention):

@@ -87,7 +87,7 @@ def _forward(self, x):
     weight, bias, fuse = self.weight, self.bias, self.fuse
     # The same Function in C++ where there is a build for it and the call is
     # one it computes alike (linear.through_cpp), else the Python Function.
-    out = through_cpp("fused_conv1d", x, weight, bias, fuse)
+    out = through_cpp("fused_conv1d", fuse, x, weight, bias)
     return out if out is not None else FusedConv1DFunction.apply(x, weight, bias, fuse)
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ._buffers import readable_buffers
 from ._matmul import linear_grads
+from .linear import through_cpp
 
 __all__ = ["FusedGRUCell", "FusedGRUGatesFunction"]
 
@@ -50,8 +51,9 @@ class FusedGRUGatesFunction(torch.autograd.Function):
         ctx.fuse = fuse
         ctx.has_bias = (bias_hh is not None, bias_ih is not None)
         if hgates.dtype != weight_hh.dtype:
-            # autocast computed the gates in lower precision (FusedLinearFunction).
-            ctx.set_output_grad_dtype(weight_hh.dtype)
+            # autocast computed the gates in lower precision (FusedLinearFunction):
+            # one declaration per output.
+            ctx.set_output_grad_dtype(weight_ih.dtype, weight_hh.dtype)
         return igates, hgates
 
     @staticmethod
@@ -105,8 +107,21 @@ class FusedGRUCell(torch.nn.GRUCell):
             hx = torch.zeros(input.size(0), self.hidden_size, dtype=input.dtype, device=input.device)
         elif not batched:
             hx = hx.unsqueeze(0)
-        # aten::gru_cell on the CPU: both products, three chunks each, the
-        # reset and update gates activated in place, then the new state.
+        # The whole step in C++ where it may (its two products by the C++
+        # Function, one node each as nn.GRUCell's addmm): a Python Function
+        # and a dozen Python-level ops cost more than a small cell's step.
+        hy = through_cpp("fused_gru_cell", self.fuse, input, hx, self.weight_ih, self.weight_hh, self.bias_ih,
+                         self.bias_hh)
+        if hy is None:
+            hy = self._step(input, hx)
+        if not batched:
+            return hy.squeeze(0)
+        return hy
+
+    def _step(self, input, hx):
+        """A batched step with FusedGRUGatesFunction: aten::gru_cell on the
+        CPU, both products, three chunks each, the reset and update gates
+        activated in place, then the new state."""
         igates, hgates = FusedGRUGatesFunction.apply(hx, self.weight_hh, self.bias_hh, input, self.weight_ih,
                                                      self.bias_ih, self.fuse)
         i_r, i_z, i_n = igates.unsafe_chunk(3, 1)
@@ -114,10 +129,7 @@ class FusedGRUCell(torch.nn.GRUCell):
         reset_gate = h_r.add_(i_r).sigmoid_()
         input_gate = h_z.add_(i_z).sigmoid_()
         new_gate = i_n.add(h_n.mul_(reset_gate)).tanh_()
-        hy = (hx - new_gate).mul_(input_gate).add_(new_gate)
-        if not batched:
-            return hy.squeeze(0)
-        return hy
+        return (hx - new_gate).mul_(input_gate).add_(new_gate)
 
     def extra_repr(self):
         return super().extra_repr() + f", fuse={self.fuse}"

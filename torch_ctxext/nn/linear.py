@@ -181,7 +181,7 @@ def fused_linear(x, weight, bias, fuse):
     Function in C++ where there is a build for it and the call is one it
     computes alike (see the module's docstring); ``F.linear`` where nothing
     requires grad."""
-    out = through_cpp("fused_linear", x, weight, bias, fuse)
+    out = through_cpp("fused_linear", fuse, x, weight, bias)
     if out is not None:
         return out
     if not (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
@@ -189,9 +189,11 @@ def fused_linear(x, weight, bias, fuse):
     return FusedLinearFunction.apply(x, weight, bias, fuse)
 
 
-def through_cpp(name, x, weight, bias, fuse):
+def through_cpp(name, fuse, *args):
     """The output of the build's C++ Function ``name`` (``fused_linear``,
-    ``fused_conv1d``: csrc/fused_linear.cpp) for ``(x, weight, bias)``, or
+    ``fused_projection``, ``fused_conv1d`` of ``(x, weight, bias)``; the
+    cells' steps ``fused_gru_cell``, ``fused_lstm_cell``:
+    csrc/fused_linear.cpp) for ``args``, or
     None where the drop-in's Python Function must run: no such build, a call
     the C++ Function would not compute alike, ``fuse=False``, while
     ``advise()`` or ``explain()`` observe (they see the Python Function's
@@ -199,7 +201,7 @@ def through_cpp(name, x, weight, bias, fuse):
     if fuse and not _explain._observers and not _compiling():
         route = _routes[name] if name in _routes else _find_route(name)
         if route is not None:
-            return route(x, weight, bias)
+            return route(*args)
     return None
 
 

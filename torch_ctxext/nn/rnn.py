@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ._buffers import readable_buffers
 from ._matmul import linear_grads
+from .linear import through_cpp
 
 __all__ = ["FusedLSTMCell", "FusedLSTMGatesFunction"]
 
@@ -109,9 +110,20 @@ class FusedLSTMCell(torch.nn.LSTMCell):
             hx = (zeros, zeros)
         elif not batched:
             hx = (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
-        h, c = hx
-        # aten::lstm_cell on the CPU: linear_hh(hx).add_(linear_ih(input)),
-        # four chunks activated in place, then the cell and hidden state.
+        # The whole step in C++ where it may (its two products by the C++
+        # Function, one node each as nn.LSTMCell's addmm): a Python Function
+        # and a dozen Python-level ops cost more than a small cell's step.
+        out = through_cpp("fused_lstm_cell", self.fuse, input, hx[0], hx[1], self.weight_ih, self.weight_hh,
+                          self.bias_ih, self.bias_hh)
+        hy, cy = self._step(input, *hx) if out is None else out
+        if not batched:
+            return hy.squeeze(0), cy.squeeze(0)
+        return hy, cy
+
+    def _step(self, input, h, c):
+        """A batched step with FusedLSTMGatesFunction: aten::lstm_cell on the
+        CPU, linear_hh(hx).add_(linear_ih(input)), four chunks activated in
+        place, then the cell and hidden state."""
         gates = FusedLSTMGatesFunction.apply(h, self.weight_hh, self.bias_hh, input, self.weight_ih,
                                              self.bias_ih, self.fuse)
         in_gate, forget_gate, cell_gate, out_gate = gates.unsafe_chunk(4, 1)
@@ -121,8 +133,6 @@ class FusedLSTMCell(torch.nn.LSTMCell):
         out_gate = out_gate.sigmoid_()
         cy = (forget_gate * c).add_(in_gate * cell_gate)
         hy = out_gate * cy.tanh()
-        if not batched:
-            return hy.squeeze(0), cy.squeeze(0)
         return hy, cy
 
     def extra_repr(self):
