@@ -48,13 +48,14 @@ ONLY_BEFORE = {
 }
 
 # On a torch that provides every member natively (releases.all_native) the
-# build is advise()'s C++ watch and FusedLinear's C++ Function alone: these
+# build is advise()'s C++ watch and the drop-ins' C++ Functions alone: these
 # sources, advise_module.cpp the module (loaded by advise() and FusedLinear
 # only: torch_ctxext/_ext/advise_module.py), and never elsewhere.
 # fused_linear_native.cpp reads the engine's buffers for the drop-ins' C++
 # Function through torch's own get_current_input_grad_buffers there; elsewhere
 # input_grad_buffers.cpp defines the same function.
-ADVISE_ONLY = ("advise_watch.cpp", "advise_module.cpp", "fused_linear.cpp", "fused_linear_native.cpp")
+ADVISE_ONLY = ("advise_watch.cpp", "advise_module.cpp", "fused_linear.cpp", "fused_embedding.cpp",
+               "fused_linear_native.cpp")
 NATIVE_ONLY = ("advise_module.cpp", "fused_linear_native.cpp")
 
 # The generated translation units and the sources each includes, about equal
@@ -62,7 +63,7 @@ NATIVE_ONLY = ("advise_module.cpp", "fused_linear_native.cpp")
 # file in csrc/) joins the last.
 UNITS = (
     ("unit_engine", ("engine_layout.cpp", "input_grad_buffers.cpp", "direct_accumulation.cpp", "patching.cpp", "boxed_grads.cpp", "fused_linear.cpp",
-                     "fused_linear_native.cpp")),
+                     "fused_embedding.cpp", "fused_linear_native.cpp")),
     ("unit_module", ("module.cpp", "output_grad_dtype.cpp", "advise_watch.cpp", "advise_module.cpp")),
 )
 

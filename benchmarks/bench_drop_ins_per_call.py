@@ -75,7 +75,7 @@ def _python_functions():
     from torch_ctxext.nn import linear
 
     saved = dict(linear._routes)
-    for name in ("fused_linear", "fused_projection", "fused_conv1d", "fused_gru_cell", "fused_lstm_cell"):
+    for name in linear.CPP_FUNCTIONS:
         linear._routes[name] = None
     try:
         yield

@@ -46,8 +46,6 @@ namespace fused_linear_detail {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// For tests: how many backward calls looked for buffers, how many slots
-// they added into (the Python Function's reads and non-None entries).
 std::atomic<uint64_t> lookups{0};
 std::atomic<uint64_t> additions{0};
 
@@ -127,7 +125,7 @@ struct FusedLinearFunction
     const at::Tensor& grad_out = grads[0];
     std::vector<at::Tensor> buffers;
     if (!at::GradMode::is_enabled()) {  // create_graph: the differentiable fallback
-      buffers = own_buffers(ctx);
+      buffers = fused_linear_detail::own_buffers<FusedLinearFunction>(ctx);
     }
     torch::autograd::variable_list result(kBias ? 3 : 2);
     const at::Tensor g0 = grad_out.dim() == 2
@@ -188,21 +186,6 @@ struct FusedLinearFunction
     return result;
   }
 
- private:
-  // The engine's buffers for x, weight and bias where this backward may add
-  // into them: only when the node running is this ctx's own (compiled
-  // autograd calls the backward outside the engine's node execution).
-  static std::vector<at::Tensor> own_buffers(
-      fused_linear_detail::AutogradContext* ctx) {
-    const auto current = torch::autograd::get_current_node();
-    auto* node = dynamic_cast<torch::autograd::CppNode<FusedLinearFunction>*>(
-        current.get());
-    if (node == nullptr || &node->ctx_ != ctx) {
-      return {};
-    }
-    fused_linear_detail::lookups++;
-    return engine_buffers(node);
-  }
 };
 
 namespace fused_linear_detail {
@@ -292,8 +275,6 @@ bool routable(PyObject* x_obj, PyObject* weight_obj, PyObject* bias_obj, bool ou
   return bias.scalar_type() == dtype && plain_cpu(bias) && bias.dim() == 1;
 }
 
-// Whether this thread runs eager code as by default (see default_dispatch),
-// with no torch function mode and no forward AD level.
 bool default_modes() {
   return !at::impl::torch_function_mode_enabled() && default_dispatch() &&
          torch::autograd::ForwardADLevel::try_get_by_idx(0) == nullptr;
@@ -450,6 +431,7 @@ void register_fused_linear(py::module_& m, py::module_& testing) {
     }
     m.add_object(def.ml_name, py::reinterpret_steal<py::object>(function));
   }
+  register_fused_embedding(m);
   testing.def("fused_linear_lookups",
               []() { return fused_linear_detail::lookups.load(); },
               "How many of fused_linear's backward calls looked for the "

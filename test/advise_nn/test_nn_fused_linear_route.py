@@ -22,7 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_ctxext import _explain, _features
 from torch_ctxext._ext import advise_module
-from torch_ctxext.nn import FusedGRUCell, FusedLinear, FusedLSTMCell, FusedMultiheadAttention, linear
+from torch_ctxext.nn import (FusedEmbedding, FusedGRUCell, FusedLinear, FusedLSTMCell, FusedMultiheadAttention,
+                             linear)
 from torch_ctxext.nn.conv1d import conv1d_drop_in
 from torch_ctxext.nn.functional import linear as linear_function
 
@@ -42,7 +43,7 @@ def additions():
 def route(name):
     """The drop-ins find their C++ Function ("cpp") or none ("python")."""
     saved = dict(linear._routes)
-    for function in ("fused_linear", "fused_projection", "fused_conv1d", "fused_gru_cell", "fused_lstm_cell"):
+    for function in linear.CPP_FUNCTIONS:
         linear._routes[function] = getattr(EXTENSION, function) if name == "cpp" else None
     try:
         yield
@@ -63,6 +64,11 @@ def test_on_plain_cpu_tensors_fusedlinear_and_fusedconv1d_run_the_cpp_function_w
         assert [node.name() for node in nodes] == [
             f"torch::autograd::CppNode<torch_ctxext::FusedLinearFunction<{bias}, {out_in}, true> >"
             for bias, out_in in (("true", "true"), ("false", "true"), ("true", "false"))]
+
+
+@needs_route
+def test_the_build_carries_every_cpp_function_the_drop_ins_look_up():
+    assert [name for name in linear.CPP_FUNCTIONS if not callable(getattr(EXTENSION, name, None))] == []
 
 
 # ---------------------------------------------------------------- the same step
@@ -164,6 +170,27 @@ def shared_attention():
     return [attention, x], loss
 
 
+def looked_up(times, padding_idx=None):
+    """One FusedEmbedding looked up ``times`` times, summed: every lookup
+    after the first to run backward adds its rows into the buffer."""
+    def build():
+        embedding = FusedEmbedding(20, F, padding_idx=padding_idx)
+        tokens = [torch.randint(0, 20, (3, 5)) for _ in range(times)]
+        tokens[-1][0, 0] = 0  # (the padding row, where there is one, is looked up)
+        return [embedding], lambda: sum((embedding(t) * (k + 1)).sum() for k, t in enumerate(tokens))
+    return build
+
+
+def tied_head():
+    """An embedding whose weight is the output projection's (GPT-2's tie): the
+    head runs backward first and leaves a buffer the lookup adds into."""
+    embedding = FusedEmbedding(20, F)
+    head = FusedLinear(F, 20, bias=False)
+    head.weight = embedding.weight
+    tokens = torch.randint(0, 20, (3, 5))
+    return [embedding], lambda: head(embedding(tokens)).pow(2).sum()
+
+
 def sliced_rows():
     return leaf(8, F)[::2]
 
@@ -193,6 +220,9 @@ SCENARIOS = {
     "an unrolled GRUCell": unrolled(FusedGRUCell),
     "an unrolled LSTMCell": unrolled(FusedLSTMCell),
     "a shared MultiheadAttention": shared_attention,
+    "an embedding looked up four times": looked_up(4),
+    "an embedding with a padding row": looked_up(3, padding_idx=0),
+    "an embedding tied to the head": tied_head,
 }
 
 
@@ -453,3 +483,36 @@ def test_the_cells_unbatched_and_without_a_bias_take_the_cpp_step_with_the_pytho
     (cpp, cpp_nodes), (py, _) = grads("cpp"), grads("python")
     assert "CppFunction" in cpp_nodes
     assert all(torch.equal(a, b) for a, b in zip(cpp, py))
+
+
+EMBEDDINGS_NOT_ROUTED = {
+    # name: (the module's options, the indices given plain ones, the context)
+    "scale_grad_by_freq": ({"scale_grad_by_freq": True}, lambda t: t, plain),
+    "a subclass index tensor": ({}, lambda t: t.as_subclass(Tagged), plain),
+    "a torch function mode": ({}, lambda t: t, Passing),
+    "a dispatch mode": ({}, lambda t: t, PassingDispatch),
+}
+
+
+@needs_route
+@pytest.mark.parametrize("case", EMBEDDINGS_NOT_ROUTED)
+def test_where_the_cpp_lookup_would_not_compute_alike_fusedembedding_runs_the_python_function(case):
+    options, make, context = EMBEDDINGS_NOT_ROUTED[case]
+    embedding = FusedEmbedding(20, F, **options)
+    tokens = make(torch.randint(0, 20, (3, 5)))
+    with route("cpp"), context():
+        out = embedding(tokens)
+    assert "FusedEmbeddingFunctionBackward" in node_names(out)
+    assert "CppFunction" not in node_names(out)
+
+
+@needs_route
+def test_int32_indices_take_the_cpp_lookup_and_an_index_out_of_range_raises_nn_embeddings_error():
+    embedding, stock = FusedEmbedding(20, F), torch.nn.Embedding(20, F)
+    with route("cpp"):
+        assert "CppFunction" in node_names(embedding(torch.tensor([1, 2], dtype=torch.int32)))
+        with pytest.raises(IndexError) as fused_error:
+            embedding(torch.tensor([20]))
+    with pytest.raises(IndexError) as stock_error:
+        stock(torch.tensor([20]))
+    assert str(fused_error.value) == str(stock_error.value)

@@ -47,6 +47,7 @@ import torch
 
 from ._buffers import readable_buffers
 from ._matmul import ones
+from .linear import through_cpp
 
 __all__ = ["FusedEmbedding", "FusedEmbeddingFunction"]
 
@@ -117,7 +118,9 @@ class FusedEmbeddingFunction(torch.autograd.Function):
 
 
 class FusedEmbedding(torch.nn.Embedding):
-    """``torch.nn.Embedding`` with :class:`FusedEmbeddingFunction` as its lookup.
+    """``torch.nn.Embedding`` with :class:`FusedEmbeddingFunction` as its
+    lookup, or, without ``scale_grad_by_freq``, the same Function in C++
+    where ``FusedLinear`` runs its own (``nn/linear.py``).
 
     Same ``__init__``, parameters and ``state_dict``; ``fuse=False`` (or
     setting ``.fuse`` later) keeps the Function but never reads the buffers.
@@ -139,6 +142,10 @@ class FusedEmbedding(torch.nn.Embedding):
             with torch.no_grad():
                 torch.embedding_renorm_(self.weight, input, self.max_norm, self.norm_type)
         padding_idx = -1 if self.padding_idx is None else self.padding_idx
+        if not self.scale_grad_by_freq:  # (the Python Function scales the buffer's rows)
+            out = through_cpp("fused_embedding", self.fuse, input, self.weight, padding_idx)
+            if out is not None:
+                return out
         return FusedEmbeddingFunction.apply(
             input, self.weight, padding_idx, self.scale_grad_by_freq, self.fuse
         )

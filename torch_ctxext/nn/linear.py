@@ -189,11 +189,17 @@ def fused_linear(x, weight, bias, fuse):
     return FusedLinearFunction.apply(x, weight, bias, fuse)
 
 
+# The build's C++ Functions (through_cpp's names), each looked up once.
+CPP_FUNCTIONS = ("fused_linear", "fused_projection", "fused_conv1d", "fused_gru_cell", "fused_lstm_cell",
+                 "fused_embedding")
+
+
 def through_cpp(name, fuse, *args):
     """The output of the build's C++ Function ``name`` (``fused_linear``,
     ``fused_projection``, ``fused_conv1d`` of ``(x, weight, bias)``; the
-    cells' steps ``fused_gru_cell``, ``fused_lstm_cell``:
-    csrc/fused_linear.cpp) for ``args``, or
+    cells' steps ``fused_gru_cell``, ``fused_lstm_cell``: csrc/fused_linear.cpp;
+    ``fused_embedding`` of ``(indices, weight, padding_idx)``:
+    csrc/fused_embedding.cpp) for ``args``, or
     None where the drop-in's Python Function must run: no such build, a call
     the C++ Function would not compute alike, ``fuse=False``, while
     ``advise()`` or ``explain()`` observe (they see the Python Function's
