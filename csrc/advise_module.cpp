@@ -1,5 +1,5 @@
 // torch_ctxext._C on a torch that provides every member of the contract
-// natively (torch 2.15): advise()'s C++ watch and FusedLinear's C++ Function
+// natively (torch 2.15): advise()'s C++ watch and the drop-ins' C++ Functions
 // (fused_linear.cpp, which reads the engine's buffers through torch's own
 // get_current_input_grad_buffers there) alone.
 //
@@ -21,7 +21,7 @@
 #include <pybind11/pybind11.h>
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "torch_ctxext: advise()'s C++ watch and FusedLinear's C++ Function, for a torch that "
+  m.doc() = "torch_ctxext: advise()'s C++ watch and the drop-ins' C++ Functions, for a torch that "
             "provides the whole ctx contract";
   m.attr("built_for_torch") = TORCH_CTXEXT_BUILT_FOR_TORCH;
   m.attr("built_for_git_version") = TORCH_CTXEXT_BUILT_FOR_GIT;

@@ -406,7 +406,7 @@ def reference_checks(job, ref_python):
                        differential, version, True))
     for i in range(0, len(checks), 2):
         steps.together(*checks[i:i + 2])
-    steps.run("advise()'s own C++ watch and FusedLinear's C++ Function, which only they load (python -m torch_ctxext "
+    steps.run("advise()'s own C++ watch and the drop-ins' C++ Functions, which only they load (python -m torch_ctxext "
               "build builds them alone): "
               f"native {reference}", lambda: last_lines(command(
                   [ref_python, "-m", "torch_ctxext", "build"], env=native, log=job.log("build-ref.log"))))
@@ -415,7 +415,7 @@ def reference_checks(job, ref_python):
     # behaviour, so the same tests must pass there. Each file once: advise's
     # report with the C++ watch (built just above) is Python's watch's
     # (test_advise_watch.py), and without a build advise watches in Python
-    # (test_advise_module.py); FusedLinear's C++ Function (in the same build)
+    # (test_advise_module.py); the drop-ins' C++ Functions (in the same build)
     # computes what its Python Function does (test_nn_fused_linear_route.py).
     steps.run(f"training stacks (DDP, FSDP2, checkpointing, autocast, torch.compile), examples/, advise's report "
               "with its C++ watch, explain and the drop-ins, a newer torch's version string, check run from a "

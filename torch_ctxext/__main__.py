@@ -17,7 +17,7 @@
            ahead of the first import (images, clusters without a compiler on
            the nodes); ``--force`` builds it again. Where torch provides every
            member natively, the build is advise()'s C++ watch and
-           FusedLinear's C++ Function alone, which only they load.
+           the drop-ins' C++ Functions alone, which only they load.
 ``--version`` torch_ctxext's version and the running torch's; needs no build.
 
 With no command it prints the help, and exits 2 as for any other usage
@@ -117,7 +117,7 @@ def _build(args):
             print(e, file=sys.stderr)
             return 1
         print(f"torch {torch.__version__} provides every member of the contract natively: built only "
-              f"advise()'s C++ watch and FusedLinear's C++ Function, which they load (import torch_ctxext "
+              f"advise()'s C++ watch and the drop-ins' C++ Functions, which they load (import torch_ctxext "
               f"loads nothing): {library}")
         return 0 if advise_module.load(library) is not None else 1
     packaged = _extension.packaged_build()

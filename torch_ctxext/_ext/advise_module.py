@@ -1,4 +1,4 @@
-"""advise()'s C++ watch and FusedLinear's C++ Function on a torch that provides every member natively (torch 2.15).
+"""advise()'s C++ watch and the drop-ins' C++ Functions on a torch that provides every member natively (torch 2.15).
 
 There ``import torch_ctxext`` loads no library: it has nothing to patch. The
 build for such a torch is advise()'s watch (csrc/advise_module.cpp,
