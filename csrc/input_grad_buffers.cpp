@@ -74,49 +74,59 @@ InPlace in_place_rule(const at::Tensor& v) {
 }
 
 // The checks every read starts with, in torch 2.15's order (python_function.cpp
-// THPFunction_input_grad_buffers, then engine.cpp get_current_input_grad_buffers);
-// throws torch 2.15's error when the property is not available. Returns the
-// running task.
-GraphTask* running_task_for(Node* node) {
+// THPFunction_input_grad_buffers, then engine.cpp get_current_input_grad_buffers):
+// torch 2.15's error text where the property is not available for `node`
+// now, or nullptr with the running task in *task. The getter raises the text
+// (running_task_for); the drop-ins' C++ Functions compute out of place
+// (engine_buffers).
+const char* unavailable_for(Node* node, GraphTask** task) {
   if (node == nullptr) {
 #if TORCH_CTXEXT_WEAK_CTX_NODE
     // cdata is weak up to 2.12: the node of a ctx whose graph was freed is
     // gone, and that ctx is certainly not executing. torch 2.15 keeps the
     // node alive with the ctx and says which of the two it is.
-    throw std::runtime_error(current_graph_task() != nullptr
-                                 ? kNotTheExecutingNode
-                                 : kOutsideBackward);
+    return current_graph_task() != nullptr ? kNotTheExecutingNode : kOutsideBackward;
 #else
-    throw std::runtime_error(kLegacyAccess);
+    return kLegacyAccess;
 #endif
   }
   if (!node->post_hooks().empty()) {
-    throw std::runtime_error(kPostHooks);
+    return kPostHooks;
   }
-  GraphTask* task = current_graph_task();
-  if (task == nullptr) {
-    throw std::runtime_error(kOutsideBackward);
+  *task = current_graph_task();
+  if (*task == nullptr) {
+    return kOutsideBackward;
   }
   if (torch::autograd::get_current_node().get() != node) {
-    throw std::runtime_error(kNotTheExecutingNode);
+    return kNotTheExecutingNode;
   }
   // The engine holds the task's mutex_ while final callbacks run; reading
   // (a callback queued by an inner graph, reading an outer ctx) would wait on
   // that lock forever.
-  if (task_in_post_processing(task)) {
-    throw std::runtime_error(kPostProcessing);
+  if (task_in_post_processing(*task)) {
+    return kPostProcessing;
   }
-  if (task_creates_graph(task)) {
-    throw std::runtime_error(kCreateGraph);
+  if (task_creates_graph(*task)) {
+    return kCreateGraph;
   }
   if (torch::autograd::AnomalyMode::is_enabled()) {
-    throw std::runtime_error(kAnomaly);
+    return kAnomaly;
   }
 #if !TORCH_CTXEXT_NO_STALE_CAPTURE_OVERRIDE
   if (at::globalContext().overrideStaleCaptureStream()) {
-    throw std::runtime_error(kStaleCaptureStream);
+    return kStaleCaptureStream;
   }
 #endif
+  return nullptr;
+}
+
+// The running task, where the property is available for `node`; throws
+// torch 2.15's error where it is not.
+GraphTask* running_task_for(Node* node) {
+  GraphTask* task = nullptr;
+  if (const char* why = unavailable_for(node, &task)) {
+    throw std::runtime_error(why);
+  }
   return task;
 }
 
@@ -236,6 +246,29 @@ bool expects_later_producers(GraphTask* task, Node* node, Node* consumer) {
   return it->second > own;
 }
 
+// Whether the getter exposes the filled `slot` to `node` (under the task's
+// mutex): kNo where the in-place rule, the device or later producers keep it
+// back (None in the getter's tuple), kRefused where torch 2.15 raises
+// (`refusal` says why), else kYes. The getter and engine_buffers both ask.
+enum class Exposure { kNo, kYes, kRefused };
+
+Exposure exposable(GraphTask* task, Node* node, const Slot& slot, bool later_ok,
+                   std::optional<Refusal>& refusal) {
+  const at::Tensor& tensor = slot.buffer->buffer[slot.pos];
+  if (in_place_rule(tensor) != InPlace::kAllowed ||
+      !direct_accumulation_checkable(tensor.device())) {
+    return Exposure::kNo;
+  }
+  refusal = exposure_refusal(task, node, slot);
+  if (refusal) {
+    return Exposure::kRefused;
+  }
+  if (!later_ok && expects_later_producers(task, node, slot.consumer)) {
+    return Exposure::kNo;
+  }
+  return Exposure::kYes;
+}
+
 }  // namespace
 
 PyObject* input_grad_buffers(PyObject* ctx_obj) {
@@ -252,21 +285,19 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
     if (slot.state != SlotState::kFilled) {
       return;
     }
-    const at::Tensor& tensor = slot.buffer->buffer[slot.pos];
-    if (in_place_rule(tensor) != InPlace::kAllowed ||
-        !direct_accumulation_checkable(tensor.device())) {
-      return;
-    }
-    if (auto refusal = exposure_refusal(task, node, slot)) {
-      throw std::runtime_error(refusal_message(*refusal));
-    }
-    if (!later_ok && expects_later_producers(task, node, slot.consumer)) {
-      return;
+    std::optional<Refusal> refusal;
+    switch (exposable(task, node, slot, later_ok, refusal)) {
+      case Exposure::kNo:
+        return;
+      case Exposure::kRefused:
+        throw std::runtime_error(refusal_message(*refusal));
+      case Exposure::kYes:
+        break;
     }
     record_exposure(task, slot.consumer, slot.pos);
     // Taking the reference raises the slot's use count, so a second argument
     // reaching the same slot (f(x, x)) is not exposed again.
-    exposed[i] = tensor;
+    exposed[i] = slot.buffer->buffer[slot.pos];
     any = true;
   });
   if (any) {
@@ -295,43 +326,36 @@ PyObject* input_grad_buffers(PyObject* ctx_obj) {
 }
 
 std::vector<at::Tensor> engine_buffers(Node* node) {
-  std::vector<at::Tensor> exposed(node->num_outputs());
   // Where the getter raises, nothing is added into: the node computes its
-  // gradients out of place, as without buffers.
-  if (!node->post_hooks().empty() ||
-      torch::autograd::AnomalyMode::is_enabled()) {
-    return exposed;
+  // gradients out of place, as a drop-in's Python Function does
+  // (nn/_buffers.readable_buffers).
+  GraphTask* task = nullptr;
+  if (unavailable_for(node, &task) != nullptr) {
+    return {};
   }
-  GraphTask* task = current_graph_task();
-  if (task == nullptr || torch::autograd::get_current_node().get() != node ||
-      task_in_post_processing(task) || task_creates_graph(task)) {
-    return exposed;
-  }
-#if !TORCH_CTXEXT_NO_STALE_CAPTURE_OVERRIDE
-  if (at::globalContext().overrideStaleCaptureStream()) {
-    return exposed;
-  }
-#endif
   const bool later_ok = later_producers_validated();
+  std::vector<at::Tensor> exposed(node->num_outputs());
   GilReleased gil;
   std::unique_lock<std::mutex> lock;
   if (!lock_task(task, lock, gil)) {
-    return exposed;
+    return {};
   }
   for (size_t i = 0; i < exposed.size(); ++i) {
     const Slot slot = slot_of(task, node->next_edge(i));
     if (slot.state != SlotState::kFilled) {
       continue;
     }
-    const at::Tensor& tensor = slot.buffer->buffer[slot.pos];
-    if (in_place_rule(tensor) != InPlace::kAllowed ||
-        !direct_accumulation_checkable(tensor.device()) ||
-        exposure_refusal(task, node, slot) ||
-        (!later_ok && expects_later_producers(task, node, slot.consumer))) {
-      continue;
+    std::optional<Refusal> refusal;
+    switch (exposable(task, node, slot, later_ok, refusal)) {
+      case Exposure::kNo:
+        continue;
+      case Exposure::kRefused:  // the getter raises after exposing the earlier slots
+        return {};
+      case Exposure::kYes:
+        break;
     }
     record_exposure(task, slot.consumer, slot.pos);
-    exposed[i] = tensor;  // the reference: a second edge to the slot finds it shared
+    exposed[i] = slot.buffer->buffer[slot.pos];  // the reference: a second edge to the slot finds it shared
   }
   return exposed;
 }
