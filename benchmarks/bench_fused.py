@@ -259,6 +259,7 @@ def collect_per_call(rounds=15, instruction_cases=((4, 16, 1), (8, 64, 4))):
 
     import torch
 
+    import bench_drop_ins_per_call
     import bench_per_call_instructions
 
     threads = torch.get_num_threads()
@@ -266,6 +267,7 @@ def collect_per_call(rounds=15, instruction_cases=((4, 16, 1), (8, 64, 4))):
     try:
         load = os.getloadavg()[0]
         cpu = measure_per_call(rounds=rounds)
+        drop_ins = bench_drop_ins_per_call.measure_drop_ins(rounds=rounds)
     finally:
         torch.set_num_threads(threads)
     instructions = []
@@ -275,7 +277,7 @@ def collect_per_call(rounds=15, instruction_cases=((4, 16, 1), (8, 64, 4))):
             instructions.append({"rows": rows, "features": features, "uses": uses, **got})
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "rounds": rounds, "load_average": load, "torch": torch.__version__, "cpu": cpu,
-            "route": per_call_route(),
+            "route": per_call_route(), "drop_ins": drop_ins,
             "instructions": instructions}
 
 

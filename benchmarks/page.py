@@ -15,6 +15,7 @@ import bench_advise
 import bench_advise_models
 import bench_boxed_memory
 import bench_check_function
+import bench_drop_ins_per_call
 import bench_fused
 import bench_idle_instructions
 import bench_import
@@ -299,6 +300,8 @@ def per_call_section(r):
         verdict,
         "",
     ]
+    if r.get("drop_ins"):
+        lines += drop_ins_lines(r["drop_ins"])
     if r.get("instructions"):
         lines += [
             "The same in instructions (`benchmarks/bench_per_call_instructions.py`, callgrind: free of the "
@@ -309,6 +312,32 @@ def per_call_section(r):
             "",
         ]
     return lines
+
+
+def drop_ins_lines(rows):
+    """The other drop-ins' cost per call (bench_drop_ins_per_call.py), in
+    the same run as FusedLinear's."""
+    over = [row for row in rows if row["cpu_fused_us"] > TARGET_PER_CALL_US]
+    verdict = (f"Target (at most {TARGET_PER_CALL_US:.0f} us a call above the stock module): "
+               + ("met by every drop-in" if not over else
+                  "not met by " + ", ".join(f"{row['case'].split(' ')[0]} ({row['cpu_fused_us']:+.1f} us)"
+                                            for row in over))
+               + ". With their Python Functions (while `advise()` or `explain()` observe, or on native 2.15 "
+               "without the build) they cost "
+               + ", ".join(f"{row['cpu_python_us']:+.1f}" for row in rows) + " us a call.")
+    return [
+        "The other drop-ins, in the same run (`benchmarks/bench_drop_ins_per_call.py`): the stock module, the "
+        "drop-in as it runs (FusedGRUCell's and FusedLSTMCell's whole step, FusedMultiheadAttention's "
+        "projections and FusedEmbedding's lookup in C++, `csrc/fused_linear.cpp` and "
+        "`csrc/fused_embedding.cpp`), and the drop-in with those hidden (its Python Functions), with the same "
+        "weights; a step is `calls` calls summed into one backward, rounds alternating; medians of the "
+        "per-round difference per call:",
+        "",
+        bench_drop_ins_per_call.drop_ins_table(rows),
+        "",
+        verdict,
+        "",
+    ]
 
 
 def render_page(results, command):
