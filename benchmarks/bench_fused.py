@@ -338,8 +338,6 @@ def measure_fuse_selection(rounds=15, steps=10):
     variant's time per step over rounds, and of the per-round ratios."""
     import copy
 
-    import torch
-
     import torch_ctxext
 
     Mixer, x = _mixer()

@@ -17,7 +17,8 @@
 // that FusedLinear runs the Python Function there: plain CPU tensors (no
 // subclass, no torch function mode, no dispatch mode, no autocast, no
 // functorch transform, no forward AD), one floating dtype, an input of two
-// dimensions stored row by row or of more that folds into a matrix as a view.
+// dimensions stored row by row or of more (Conv1D's: that folds into a
+// matrix as a view).
 #include "fused_linear.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -68,6 +69,22 @@ at::Tensor ones_rows(int64_t rows, const at::Tensor& like) {
   return it->second.narrow(0, 0, rows);
 }
 
+// _matmul._viewable: whether x's leading dimensions fold into one without a
+// copy.
+bool viewable(const at::Tensor& x) {
+  if (x.is_contiguous()) {
+    return true;
+  }
+  const auto sizes = x.sizes();
+  const auto strides = x.strides();
+  for (int64_t i = 0; i + 2 < x.dim(); ++i) {
+    if (strides[i] != strides[i + 1] * sizes[i + 1]) {
+      return false;
+    }
+  }
+  return x.numel() > 0;
+}
+
 }  // namespace fused_linear_detail
 
 // The Function, with a bias or without (an absent bias would be no variable
@@ -90,23 +107,57 @@ struct FusedLinearFunction
   static at::Tensor forward(fused_linear_detail::AutogradContext* ctx,
                             const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias) {
-    save(ctx, x, weight);
     if (!kOutIn) {  // Conv1D's forward, op for op
+      save(ctx, x, weight);
       std::vector<int64_t> size_out(x.sizes().begin(), x.sizes().end());
       size_out.back() = weight.size(1);
       return at::addmm(bias, x.view({-1, x.size(-1)}), weight).view(size_out);
+    }
+    const at::Tensor folded = fold(x, weight);
+    save(ctx, folded, weight);
+    if (folded.defined() && !folded.is_same(x)) {
+      return unfold(at::linear(folded, weight, bias), x, weight);
     }
     return at::linear(x, weight, bias);
   }
 
   static at::Tensor forward(fused_linear_detail::AutogradContext* ctx,
                             const at::Tensor& x, const at::Tensor& weight) {
-    save(ctx, x, weight);
+    const at::Tensor folded = fold(x, weight);
+    save(ctx, folded, weight);
+    if (folded.defined() && !folded.is_same(x)) {
+      return unfold(at::linear(folded, weight), x, weight);
+    }
     return at::linear(x, weight);
   }
 
-  // What the stock layer saves: the input only where the weight's gradient
-  // needs it (the route takes no input that folds only by copying: see above).
+  // _matmul.fold: what of x aten::linear multiplies and saves. x itself
+  // where it is a matrix or folds into one as a view; else, where the
+  // weight's gradient needs it, the folded copy (made with grad mode on, as
+  // aten::matmul makes it: a double backward differentiates the weight's
+  // gradient through it), which the backward then reads, copying nothing;
+  // else nothing (F.linear multiplies x as a batch).
+  static at::Tensor fold(const at::Tensor& x, const at::Tensor& weight) {
+    if (x.dim() <= 2 || fused_linear_detail::viewable(x)) {
+      return x;
+    }
+    if (!weight.requires_grad()) {
+      return at::Tensor();
+    }
+    at::AutoGradMode enable_grad(true);
+    return x.flatten(0, -2);
+  }
+
+  // The product of a folded copy in x's shape, with the weight's features.
+  static at::Tensor unfold(const at::Tensor& product, const at::Tensor& x,
+                           const at::Tensor& weight) {
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = weight.size(0);
+    return at::_unsafe_view(product, shape);
+  }
+
+  // What the stock layer saves: the (folded) input only where the weight's
+  // gradient needs it.
   static void save(fused_linear_detail::AutogradContext* ctx,
                    const at::Tensor& x, const at::Tensor& weight) {
     ctx->save_for_backward({weight.requires_grad() ? x : at::Tensor(), weight});
@@ -225,29 +276,22 @@ bool default_dispatch() {
 
 // Whether the input is one the route computes as the Python Function does:
 // at least a matrix, not empty; for nn.Linear's a matrix stored row by row
-// (FusedLinearFunction returns a column-major matrix's gradient column-major),
-// and more dimensions only where they fold into a matrix as a view (as
-// Conv1D's forward requires of any input: x.view(-1, in)).
+// (FusedLinearFunction returns a column-major matrix's gradient column-major)
+// or more dimensions (folded as _matmul.fold folds them: FusedLinearFunction's
+// forward), for Conv1D's more dimensions only where they fold into a matrix
+// as a view (its forward requires it of any input: x.view(-1, in)).
 bool routable_input(const at::Tensor& x, bool out_in) {
   if (x.dim() < 2 || x.numel() == 0) {
     return false;
   }
-  const auto sizes = x.sizes();
-  const auto strides = x.strides();
   if (x.dim() == 2) {
+    const auto sizes = x.sizes();
+    const auto strides = x.strides();
     return !out_in ||
            !(strides[0] == 1 &&
              (sizes[1] == 1 || strides[1] >= std::max<int64_t>(1, sizes[0])));
   }
-  if (x.is_contiguous()) {
-    return true;
-  }
-  for (int64_t i = 0; i + 2 < x.dim(); ++i) {
-    if (strides[i] != strides[i + 1] * sizes[i + 1]) {
-      return false;
-    }
-  }
-  return true;
+  return out_in || viewable(x);
 }
 
 // Whether (x, weight, bias) is a product the C++ Function computes as the

@@ -203,6 +203,22 @@ def batched():
     return leaf(2, 3, F)
 
 
+def transposed_batch():
+    """A batch whose rows fold into a matrix only by copying (a batch-first
+    activation transposed, as nn.MultiheadAttention's batch_first does)."""
+    return leaf(3, 2, F).transpose(0, 1)
+
+
+def frozen_on(make_input):
+    """A FusedLinear whose weight is frozen, on three inputs of make_input."""
+    def build():
+        layer = FusedLinear(F, F)
+        layer.weight.requires_grad_(False)
+        xs = [make_input() for _ in range(3)]
+        return [layer, *xs], lambda: sum((layer(x) * (k + 1)).sum() for k, x in enumerate(xs))
+    return build
+
+
 SCENARIOS = {
     "used once": used(1),
     "used four times": used(4),
@@ -210,6 +226,8 @@ SCENARIOS = {
     "a batch of sequences": used(3, batched),
     "every other row": used(3, sliced_rows),
     "one row expanded": used(3, expanded_rows),
+    "a batch that folds only by copying": used(3, transposed_batch),
+    "a frozen weight on a batch that folds only by copying": frozen_on(transposed_batch),
     "no bias": configured(3, bias=False),
     "a frozen weight": configured(3, frozen=True),
     "float64": configured(3, dtype=torch.float64),
@@ -273,15 +291,19 @@ def test_a_retained_graph_runs_backward_again_with_the_same_gradients():
 
 
 @needs_route
-def test_the_gradient_of_a_gradient_is_the_python_functions_and_nothing_is_added_into_under_create_graph():
+@pytest.mark.parametrize("shape, view", [((4, F), lambda x: x), ((3, 2, F), lambda x: x.transpose(0, 1))],
+                         ids=["a matrix", "a batch folded by copying"])
+def test_the_gradient_of_a_gradient_is_the_python_functions_and_nothing_is_added_into_under_create_graph(shape, view):
+    """(A batch folded by copying: the weight's gradient is differentiated
+    through the copy, to the input.)"""
     def grads(name):
         torch.manual_seed(0)
         with route(name):
-            layer, x = FusedLinear(F, F), leaf(4, F)
+            layer, x = FusedLinear(F, F), leaf(*shape)
             before = additions()
-            (gx,) = torch.autograd.grad(layer(layer(x)).pow(2).sum(), x, create_graph=True)
+            gx, gw = torch.autograd.grad(layer(layer(view(x))).pow(2).sum(), (x, layer.weight), create_graph=True)
             added = additions() - before
-            gx.sum().backward()  # (a first-order backward, through both layers again)
+            (gx.sum() + gw.pow(2).sum()).backward()  # (a first-order backward, through both layers again)
             return [layer.weight.grad, layer.bias.grad, x.grad], added
     (cpp, added), (py, _) = grads("cpp"), grads("python")
     assert all(torch.equal(a, b) for a, b in zip(cpp, py))
@@ -390,7 +412,6 @@ NOT_ROUTED = {
     "autocast": (lambda a: a, lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
     "forward AD": (lambda a: a, fw_ad),
     "a column-major matrix": (lambda a: a.t().contiguous().t(), plain),
-    "a batch that folds only by copying": (lambda a: a.reshape(2, 2, F).transpose(0, 1), plain),
     "a vector": (lambda a: a[0], plain),
     "no rows": (lambda a: a[:0], plain),
     "another dtype": (lambda a: a.double(), plain),

@@ -25,7 +25,9 @@ projections (chunks of ``in_proj_bias``): they run as in
 ``nn.MultiheadAttention``. The module's inputs' gradients are returned as
 ``nn.MultiheadAttention`` returns them. Without gradients (inference, where
 torch's fast path may run), with ``bias_k``/``bias_v``, ``add_zero_attn``
-or nested tensors, the stock forward runs.
+or nested tensors, the stock forward runs. Where torch_ctxext has a build
+for the running torch, each product on plain CPU tensors is the same
+Function in C++ (``fused_projection``, as ``FusedLinear``'s: nn/linear.py).
 
     >>> import torch
     >>> from torch_ctxext.nn import FusedMultiheadAttention

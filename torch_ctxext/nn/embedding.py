@@ -32,6 +32,10 @@ transposed gradient of a functional ``F.linear(h, embedding.weight)`` is a
 view sharing its storage, and is not exposed (``torch_ctxext.explain()``
 says "shared with another tensor (its storage ...)"); an output projection
 that is an ``nn.Linear`` made a ``FusedLinear`` leaves a buffer of its own.
+Where torch_ctxext has a build for the running torch (as for
+``FusedLinear``: nn/linear.py), a lookup without ``scale_grad_by_freq`` on
+plain CPU tensors runs the same Function in C++ (``fused_embedding``,
+``csrc/fused_embedding.cpp``): the same bits, the same buffer added into.
 
     >>> import torch
     >>> from torch_ctxext.nn import FusedEmbedding, FusedLinear

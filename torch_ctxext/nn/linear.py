@@ -23,8 +23,7 @@ a call more than ``nn.Linear`` on the CPU, the C++ one about as much as
 ``nn.Linear`` (docs/benchmarks.md, "FusedLinear's cost per call"). Elsewhere
 it runs :class:`FusedLinearFunction`, the Python one: torch 2.15 without that
 build, another device, a tensor subclass, a torch function or dispatch mode,
-autocast, forward AD, an input that folds into a matrix only by copying,
-a column-major matrix, under a tracer, and while ``advise()`` or
+autocast, forward AD, a column-major matrix, under a tracer, and while ``advise()`` or
 ``explain()`` observe (they see the Python Function's reads of
 ``ctx.input_grad_buffers``).
 

@@ -11,6 +11,13 @@ computation, operation for operation (``aten::lstm_cell``): the same forward,
 bit for bit, on the CPU; on an accelerator torch's own cell runs a fused
 kernel (``_thnn_fused_lstm_cell``), which this cell does not use.
 
+Where torch_ctxext has a build for the running torch (as for
+``FusedLinear``: ``nn/linear.py``), a step on plain CPU tensors runs in C++
+(``fused_lstm_cell``, ``csrc/fused_linear.cpp``): its two products as two
+nodes of FusedLinear's C++ Function, the rest as above, op for op; the
+same bits and the same buffers added into, at about ``nn.LSTMCell``'s cost
+a step (docs/benchmarks.md, "FusedLinear's cost per call").
+
     >>> import torch
     >>> from torch_ctxext.nn import FusedLSTMCell
     >>> cell = FusedLSTMCell(3, 5)
