@@ -6,6 +6,7 @@
 
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -435,8 +436,8 @@ class Watch {
     edges_ = {};
     counts_ = {};
     record_->slots.resize(slots.size());
-    hook(slots);
     arrive_roots(slots, grad_tensors);
+    hook(std::move(slots));
     if (!keep_nodes) {  // contains() is asked only where keep_nodes
       refs_ = {};
     }
@@ -449,7 +450,61 @@ class Watch {
   Watch(const Watch&) = delete;
   Watch& operator=(const Watch&) = delete;
 
-  py::list slots() const { return python_slots_; }
+  // The Python view of the slots (graph.Found each), made at the first read.
+  py::list slots() {
+    if (!python_slots_) {
+      make_python_slots();
+    }
+    return python_slots_;
+  }
+
+  // How many of the slots' producers are custom Functions (Python names
+  // them, and engine.py's apply wrapper sees what they return).
+  size_t functions() const { return functions_; }
+
+  // The tensor of each slot that is a leaf's, in the slots' order (the
+  // Found's consumer.variable, without the view).
+  py::list leaves() const {
+    py::list out;
+    for (const auto& held : held_) {
+      if (const at::Tensor* leaf = leaf_of(held.node)) {
+        out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(*leaf)));
+      }
+    }
+    return out;
+  }
+
+  // graph.Backward.outcome(), read from the record without the Python view:
+  // per slot (its arrivals as (producer, kind, bytes, stock_view), whether
+  // the engine summed out of place, the gradient's bytes: a leaf's by its
+  // tensor, else by the consumer's metadata, else the first gradient's, or
+  // None). Equal (and equally hashed) to Python's, whose arrivals are
+  // graph.Arrival named tuples of the same fields.
+  py::tuple outcome() const {
+    std::lock_guard<std::mutex> lock(record_->mutex);
+    py::tuple out(record_->slots.size());
+    for (size_t i = 0; i < record_->slots.size(); ++i) {
+      const auto& s = record_->slots[i];
+      py::tuple arrivals(s.arrivals.size());
+      for (size_t j = 0; j < s.arrivals.size(); ++j) {
+        const auto& a = s.arrivals[j];
+        arrivals[j] = py::make_tuple(a.producer, crossing_.kinds[a.kind], a.bytes, a.stock_view);
+      }
+      const auto& [key, producers] = slots_[i];
+      py::object grad_bytes;
+      if (const at::Tensor* leaf = leaf_of(key.node)) {
+        grad_bytes = py::int_(leaf->numel() * static_cast<int64_t>(leaf->element_size()));
+      } else {
+        grad_bytes = metadata_bytes(*key.node, key.nr);
+        if (grad_bytes.is_none() && s.given) {
+          grad_bytes = py::int_(s.first_bytes);
+        }
+      }
+      const bool out_of_place = s.has_first && s.has_final && s.final_address != s.first_address;
+      out[i] = py::make_tuple(std::move(arrivals), out_of_place, std::move(grad_bytes));
+    }
+    return out;
+  }
 
   // graph.py's _shape of the slots, (lowest, flat tuple), made by the walk;
   // None where a custom Function produces (Python names it: graph.py shapes).
@@ -532,6 +587,12 @@ class Watch {
   // graph.py's _walk, in the same order (depth first from the last root,
   // edges in order): the slots and their producers come out as Python's did.
   void walk(const std::vector<std::tuple<Node*, uint32_t, py::handle>>& roots) {
+    // Sized as the last walk's graph (a training loop's steps walk graphs
+    // of one size): growing the tables as the walk goes was a fifth of it.
+    static std::atomic<size_t> last_edges{0}, last_nodes{0};
+    edges_.reserve(last_edges.load(std::memory_order_relaxed));
+    counts_.reserve(last_edges.load(std::memory_order_relaxed));
+    refs_.reserve(last_nodes.load(std::memory_order_relaxed));
     std::vector<Node*> stack;
     for (size_t k = 0; k < roots.size(); ++k) {
       const auto& [node, nr, obj] = roots[k];
@@ -560,6 +621,8 @@ class Watch {
         }
       }
     }
+    last_edges.store(edges_.size(), std::memory_order_relaxed);
+    last_nodes.store(refs_.size(), std::memory_order_relaxed);
   }
 
   // graph.py's _leading_to: with inputs= the engine runs only the nodes on a
@@ -594,78 +657,50 @@ class Watch {
     return running;
   }
 
-  // The Python object of a node the walk reached (the one given for a root).
-  py::object python_object(Node* node) {
-    auto root = root_objects_.find(node);
-    if (root != root_objects_.end()) {
-      return py::reinterpret_borrow<py::object>(root->second);
-    }
-    PyObject* obj = torch::autograd::functionToPyObject(*refs_.at(node));
-    if (obj == nullptr) {
-      throw py::error_already_set();
-    }
-    return py::reinterpret_steal<py::object>(obj);
-  }
-
-  // The Python view of the slots, a graph.Found each (its consumer, input,
-  // producers as graph.Producer, op, number: None for a leaf's, the
-  // gradient's bytes by its metadata or None, how many producers are custom
-  // Functions; a producer's node only for a custom Function's, its op None:
-  // Python names it; ("root gradient", None, None, k) for a root), and a
-  // C++ hook on every built-in producer and every consumer (custom Functions
-  // are seen by the apply wrapper: engine.py, which calls arrive()).
-  void hook(const std::vector<std::pair<SlotKey, std::vector<Producer>>>& slots) {
+  // A C++ hook on every built-in producer and every consumer (custom
+  // Functions are seen by the apply wrapper: engine.py, which calls
+  // arrive()), and the slots' shape. The Python view of the slots (slots())
+  // is made only where it is read: a training loop's repeated step reads
+  // its shape, leaves() and outcome() alone. What that view names is held
+  // (held_) until then.
+  void hook(std::vector<std::pair<SlotKey, std::vector<Producer>>>&& slots) {
     ska::flat_hash_map<Node*, std::vector<ProducerEntry>> posts;
     std::vector<Node*> post_order;
     ska::flat_hash_map<Node*, std::vector<std::pair<size_t, uint32_t>>> pres;
     std::vector<Node*> pre_order;
-    ska::flat_hash_map<Node*, py::object> objects;
-    auto object_of = [&](Node* node) -> py::object& {
-      auto found = objects.find(node);
-      if (found == objects.end()) {
-        found = objects.emplace(node, python_object(node)).first;
-      }
-      return found->second;
-    };
     const py::str root_name("root gradient");
-    // graph.py's _shape, in the same order: per slot its op, input, number
-    // and producer count, then each producer's op and number (numbers made
-    // relative to the lowest below). Left to Python where a custom Function
-    // produces (Python names it).
+    // graph.py's _shape, in the same order: per slot its op, input number,
+    // node number and producer count, then each producer's op and number
+    // (numbers made relative to the lowest below). Left to Python where a
+    // custom Function produces (Python names it).
     std::vector<ShapeEntry> shape;
-    bool shaped = true;
+    held_.reserve(slots.size());
     for (size_t s = 0; s < slots.size(); ++s) {
       const auto& [key, producers] = slots[s];
-      py::list python_producers;
-      size_t functions = 0;  // custom Function producers: Python names them
       const OpName op = op_name(key.node);
+      held_.push_back(hold(key.node));
       shape.push_back({op.name, !op.leaf, op.leaf ? 0 : static_cast<int64_t>(key.node->sequence_nr()), key.nr,
                        static_cast<int64_t>(producers.size())});
       for (size_t p = 0; p < producers.size(); ++p) {
         const auto& producer = producers[p];
         if (producer.node == nullptr) {
-          python_producers.append(Crossing::make(
-              crossing_.producer, py::make_tuple(root_name, py::none(), py::none(), producer.position)));
           shape.push_back({root_name, false, 0, 0, -1});
           continue;
         }
-        const auto seq = producer.node->sequence_nr();
         if (is_python_function(producer.node)) {  // seen by engine.py's apply wrapper
-          ++functions;
-          shaped = false;
-          python_producers.append(Crossing::make(
-              crossing_.producer, py::make_tuple(py::none(), seq, object_of(producer.node), producer.position)));
-        } else {  // no Python object needed: its op and number
-          const OpName producer_op = op_name(producer.node);
-          shape.push_back({producer_op.name, true, static_cast<int64_t>(seq), 0, -1});
-          python_producers.append(Crossing::make(
-              crossing_.producer, py::make_tuple(producer_op.name, seq, py::none(), producer.position)));
-          auto& entries = posts[producer.node];
-          if (entries.empty()) {
-            post_order.push_back(producer.node);
+          ++functions_;
+          if (held_functions_.find(producer.node) == held_functions_.end()) {
+            held_functions_.emplace(producer.node, hold(producer.node));
           }
-          entries.push_back({s, static_cast<int32_t>(p), producer.position});
+          continue;
         }
+        const OpName producer_op = op_name(producer.node);
+        shape.push_back({producer_op.name, true, static_cast<int64_t>(producer.node->sequence_nr()), 0, -1});
+        auto& entries = posts[producer.node];
+        if (entries.empty()) {
+          post_order.push_back(producer.node);
+        }
+        entries.push_back({s, static_cast<int32_t>(p), producer.position});
       }
       record_->slots[s].arrivals.reserve(producers.size());
       auto& consumer_slots = pres[key.node];
@@ -673,14 +708,8 @@ class Watch {
         pre_order.push_back(key.node);
       }
       consumer_slots.emplace_back(s, key.nr);
-      // A leaf's slot (its AccumulateGrad) has no number: Python reads its variable.
-      python_slots_.append(Crossing::make(
-          crossing_.found,
-          py::make_tuple(object_of(key.node), key.nr, python_producers, op.name,
-                         op.leaf ? py::object(py::none()) : py::object(py::int_(key.node->sequence_nr())),
-                         metadata_bytes(*key.node, key.nr), functions)));
     }
-    if (shaped) {
+    if (functions_ == 0) {
       make_shape(shape);
     }
     for (Node* node : post_order) {
@@ -691,6 +720,79 @@ class Watch {
       drop_disarmed<ConsumerHook>(node->pre_hooks());
       node->add_pre_hook(std::make_unique<ConsumerHook>(record_, std::move(pres[node])));
     }
+    slots_ = std::move(slots);
+  }
+
+  // A node the Python view names, held: a root's Python object (given), or
+  // a strong reference to the node (its Python object is made only if the
+  // view is).
+  struct Held {
+    Node* node;
+    NodeRef ref;
+    py::object root;
+  };
+
+  Held hold(Node* node) {
+    auto root = root_objects_.find(node);
+    if (root != root_objects_.end()) {
+      return Held{node, NodeRef(), py::reinterpret_borrow<py::object>(root->second)};
+    }
+    return Held{node, *refs_.at(node), py::object()};
+  }
+
+  static py::object python_object(const Held& held) {
+    if (held.root) {
+      return held.root;
+    }
+    PyObject* obj = torch::autograd::functionToPyObject(held.ref);
+    if (obj == nullptr) {
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::object>(obj);
+  }
+
+  // The Python view of the slots, a graph.Found each (its consumer, input,
+  // producers as graph.Producer, op, number: None for a leaf's, the
+  // gradient's bytes by its metadata or None, how many producers are custom
+  // Functions; a producer's node only for a custom Function's, its op None:
+  // Python names it; ("root gradient", None, None, k) for a root).
+  void make_python_slots() {
+    const py::str root_name("root gradient");
+    py::list out(slots_.size());
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      const auto& [key, producers] = slots_[s];
+      const OpName op = op_name(key.node);
+      py::list python_producers(producers.size());
+      size_t functions = 0;
+      for (size_t p = 0; p < producers.size(); ++p) {
+        const auto& producer = producers[p];
+        py::tuple values;
+        if (producer.node == nullptr) {
+          values = py::make_tuple(root_name, py::none(), py::none(), producer.position);
+        } else if (is_python_function(producer.node)) {
+          ++functions;
+          values = py::make_tuple(py::none(), producer.node->sequence_nr(),
+                                  python_object(held_functions_.at(producer.node)), producer.position);
+        } else {
+          values = py::make_tuple(op_name(producer.node).name, producer.node->sequence_nr(), py::none(),
+                                  producer.position);
+        }
+        python_producers[p] = Crossing::make(crossing_.producer, std::move(values));
+      }
+      // A leaf's slot (its AccumulateGrad) has no number: Python reads its variable.
+      out[s] = Crossing::make(
+          crossing_.found,
+          py::make_tuple(python_object(held_[s]), key.nr, std::move(python_producers), op.name,
+                         op.leaf ? py::object(py::none()) : py::object(py::int_(key.node->sequence_nr())),
+                         metadata_bytes(*key.node, key.nr), functions));
+    }
+    python_slots_ = std::move(out);
+  }
+
+  // The tensor of a leaf's slot (its AccumulateGrad's variable), or nullptr.
+  static const at::Tensor* leaf_of(Node* node) {
+    const auto* accumulate = dynamic_cast<const torch::autograd::AccumulateGrad*>(node);
+    return accumulate != nullptr && accumulate->variable.defined() ? &accumulate->variable : nullptr;
   }
 
   // (lowest number, the flat tuple) as graph.py's _shape makes them, or
@@ -770,8 +872,13 @@ class Watch {
   // Every node the walk reached, and its reference (nullptr for a root's node);
   // after construction only its keys are read (contains), and only where kept.
   ska::flat_hash_map<Node*, const NodeRef*> refs_;
-  std::unordered_map<Node*, py::handle> root_objects_;
-  py::list python_slots_;
+  std::unordered_map<Node*, py::handle> root_objects_;  // while constructing
+  // The slots and their producers, and what the Python view names, held.
+  std::vector<std::pair<SlotKey, std::vector<Producer>>> slots_;
+  std::vector<Held> held_;  // each slot's consumer
+  ska::flat_hash_map<Node*, Held> held_functions_;  // each custom Function producer
+  size_t functions_ = 0;
+  py::list python_slots_{py::reinterpret_steal<py::list>(py::handle())};  // made at the first slots()
   py::object shape_ = py::none();  // make_shape's, or None: Python shapes the slots
 };
 
@@ -781,6 +888,9 @@ void bind_advise_watch(py::module_& m) {
   py::class_<Watch>(m, "AdviseWatch",
                     "One backward watched for advise() (torch_ctxext/_advise/graph.py)")
       .def_property_readonly("slots", &Watch::slots)
+      .def_property_readonly("functions", &Watch::functions)
+      .def("leaves", &Watch::leaves)
+      .def("outcome", &Watch::outcome)
       .def_property_readonly("shape", &Watch::shape)
       .def("arrive", &Watch::arrive, py::arg("slot"), py::arg("producer"), py::arg("gradient"),
            py::arg("fused") = false, py::arg("stock_view") = false)

@@ -251,6 +251,38 @@ def test_a_backward_that_repeats_a_filed_one_is_filed_without_accounting_it_agai
     assert [s["temporaries"] for s in d["slots"]] == [3 * s["temporaries"] for s in o["slots"]]
 
 
+
+def test_a_block_whose_steps_alternate_two_graphs_reports_what_fresh_descriptions_would(monkeypatch):
+    """Repeated backwards are filed when the report is next read (a step
+    adds one entry), between graphs described afresh: the report is the one
+    made with nothing kept."""
+    from torch_ctxext import _advise
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+
+    def step(uses):
+        model.zero_grad(set_to_none=True)
+        h = x
+        for _ in range(uses):
+            h = model(h)
+        h.sum().backward()
+
+    def block():
+        with torch_ctxext.advise(model) as report:
+            for uses in (2, 2, 3, 2, 3, 3, 2):
+                step(uses)
+        return report.as_dict()
+
+    _advise._DESCRIBED.pop(id(model), None)
+    kept = block()
+    monkeypatch.setattr(_advise, "_DESCRIBED_PER_MODEL", 0)  # nothing kept: each described afresh
+    _advise._DESCRIBED.clear()
+    fresh = block()
+    assert kept == fresh and kept["backwards"] == 7
+    assert any(len(d["slots"]) > 1 for d in kept["drop_ins"]), kept["drop_ins"]
+
 def test_a_failure_filing_a_backward_is_noted_and_never_raised_into_the_step(monkeypatch):
     from torch_ctxext import _advise
 

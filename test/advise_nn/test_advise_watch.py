@@ -126,6 +126,29 @@ def test_the_extensions_walk_finds_the_slots_and_producers_pythons_walk_finds_in
         watch.finish()
 
 
+@pytest.mark.parametrize("make", GRAPHS.values(), ids=GRAPHS.keys())
+def test_a_repeated_graphs_leaves_and_outcome_read_without_the_slots_view_are_what_its_slots_say(make):
+    """A training loop's repeated step is known by its shape, its leaves and
+    what reached its slots; the watch gives those without making its Python
+    view of the slots (graph.Found, graph.Producer), and they are the ones
+    read from that view once it is made."""
+    roots, inputs = make()
+    grads = [torch.ones_like(r) for r in roots]
+    record = graph.Backward(roots, grads, inputs, False, shaped=True)
+    try:
+        torch.autograd.backward(roots, grads, inputs=inputs or None)
+        record.finish()
+        lazy = record.native.functions == 0  # a custom Function producer: the view was made at once
+        leaves, outcome = record.leaves(), record.outcome()
+        assert (record._slots is None) == lazy  # reading them made no view
+        from_view = [s.leaf for s in record.slots if s.leaf is not None]
+        assert len(leaves) == len(from_view) and all(a is b for a, b in zip(leaves, from_view))
+        assert outcome == record.outcome() and hash(outcome) == hash(record.outcome())
+        assert any(arrivals for arrivals, _, _ in outcome)
+    finally:
+        record.release()
+
+
 def report(step, model=None, python_watch=False, monkeypatch=None):
     if python_watch:
         monkeypatch.setattr(graph, "_native_watch", lambda *args: (None, False))
@@ -264,7 +287,7 @@ def test_a_watch_that_fails_to_start_leaves_the_step_right_and_the_next_watch_se
         raise RuntimeError("boom")
 
     with monkeypatch.context() as m:  # fails after the extension placed its hooks
-        m.setattr(graph.Slot, "__init__", broken)
+        m.setattr(graph.Backward, "_watch", broken)
         with torch_ctxext.advise() as failed:
             loss.backward(retain_graph=True)
     assert any("RuntimeError: boom" in n for n in failed.notes), failed.notes

@@ -275,12 +275,12 @@ class Advise:
                     known.clear()  # graphs that change every step: keep the latest
                 known[outcome] = filed
             return
-        self._replay(filed)
+        self.report.replay(filed)
 
     def _file(self, record, ordered, described, filed=None):
         """Account each slot and file it, its savings and routes in the
         report; ``filed`` (a list): what was filed is appended to it, for
-        ``_replay``."""
+        ``AdviceReport.replay``."""
         path_name = self._calls.path_name if self._calls is not None else None
         savings_by_path = {}  # for ``filed``: path -> [stock, drop-in, bytes, [slot names]], as filed
         for (name, kind, producers, tied, modules), slot in zip(described, ordered):
@@ -315,30 +315,6 @@ class Advise:
             # The savings of the backward per drop-in, summed (add_saving, in bulk)
             filed.append((0, tuple((path, stock, drop_in, nbytes, tuple(names))
                                    for path, (stock, drop_in, nbytes, names) in savings_by_path.items())))
-
-    def _replay(self, filed):
-        """File in the report what ``_file`` filed for an identical backward."""
-        report = self.report
-        slots = report._slots
-        for what, args in filed:
-            if what == 0:
-                for path, stock, drop_in, nbytes, names in args:
-                    report.add_savings(path, stock, drop_in, names, nbytes)
-            elif what == 1:
-                report.add_route(*args)
-            else:
-                name, kind, producers, tied, grad_bytes, counters, peak, nonzero = args
-                slot = slots.get(name)
-                if slot is not None and any(o is producers for o in slot.origins):
-                    # SlotAdvice.merge of a slot of these producers: its counts added
-                    for counter, value in nonzero:
-                        setattr(slot, counter, getattr(slot, counter) + value)
-                    if peak > slot.avoidable_peak_bytes:
-                        slot.avoidable_peak_bytes = peak
-                    continue
-                advice = SlotAdvice(name, kind, list(producers), grad_bytes, *counters, peak,
-                                    tied=list(tied), origins=[producers])
-                report.add_slot(advice)
 
     def _add_routes(self, advice, slot, modules, create_graph):
         """What the slot would save beyond fuse(model) with its producers

@@ -284,21 +284,15 @@ class Backward:
         input_edges = [_edge(t) for t in inputs] if inputs else []
         self.native, self.native_keeps_nodes = _native_watch(roots, input_edges, grad_tensors)
         self._slots = None  # [Slot], made where they are read (the C++ watch's: not for a repeated graph)
-        self._outcomes = None  # the C++ watch's results(), once finished
-        self._leaves = None
+        self._finished = False  # the backward is over: the C++ watch's record is final
         if self.native is not None:
-            found = self._found = self.native.slots
             self.node_ids = set()
             # A custom Function producer is named by Python (Slot.native) and
-            # seen by the apply wrapper (_watch): its slots are made now.
-            functions = any([slot.functions for slot in found])
-            # The watch's walk shapes the slots but where a custom Function
-            # produces (Python names it); a build without ``shape``: Python
-            # does (a Found has the fields _shape reads).
-            shaped_by = getattr(self.native, "shape", None) or (self.slots if functions else found)
+            # seen by the apply wrapper (_watch): its slots are made now, and
+            # Python shapes them; else the watch's walk shaped them.
+            shaped_by = self.slots if self.native.functions else self.native.shape
         else:
             found, nodes = _python_slots(roots, input_edges)
-            self._found = None
             # Every node this backward may run: for nothing_arrived, which
             # only a torch without the extension asks (the extension tells
             # it itself).
@@ -320,41 +314,33 @@ class Backward:
     @property
     def slots(self):
         """[Slot], in the order the walk found them; what reached them
-        filled in once the backward is over (``finish``)."""
+        filled in once the backward is over (``finish``). From the C++
+        watch, made where they are read: a repeated graph's backward reads
+        its ``shape``, ``leaves()`` and ``outcome()`` alone."""
         if self._slots is None:
-            self._slots = [Slot.native(i, slot) for i, slot in enumerate(self._found or ())]
-            if self._outcomes is not None:
-                self._fill(self._outcomes)
+            native = self.native
+            if native is None:  # released
+                return []
+            self._slots = [Slot.native(i, slot) for i, slot in enumerate(native.slots)]
+            if self._finished:
+                self._fill(native.results())
         return self._slots
 
     def leaves(self):
         """The tensor of each slot that is a leaf's, in the slots' order."""
         if self._slots is not None:
             return [slot.leaf for slot in self._slots if slot.leaf is not None]
-        if self._leaves is None:
-            self._leaves = [slot.consumer.variable for slot in self._found if slot.seq is None]
-        return self._leaves
+        return self.native.leaves() if self.native is not None else []
 
     def outcome(self):
         """What reached the slots, per slot in the walk's order: its
         arrivals, whether the engine summed out of place, the gradient's
         bytes (as the slot says them): equal for two backwards of one shape
-        that saw the same (hashable). Read from the C++ watch's results
+        that saw the same (hashable). Read from the C++ watch's record
         without making the slots where they are not made yet."""
-        if self._slots is not None or self._outcomes is None:
-            return tuple([(tuple(slot.arrivals), slot.out_of_place, slot.grad_bytes) for slot in self.slots])
-        leaves = iter(self.leaves())
-        out = []
-        for found, (arrivals, given, first, final, first_bytes) in zip(self._found, self._outcomes):
-            if found.seq is None:  # a leaf's: Slot reads its size from the tensor
-                leaf = next(leaves)
-                grad_bytes = leaf.numel() * leaf.element_size()
-            else:
-                grad_bytes = found.grad_bytes
-                if grad_bytes is None and given:
-                    grad_bytes = first_bytes
-            out.append((tuple(arrivals), first is not None and final is not None and final != first, grad_bytes))
-        return tuple(out)
+        if self._slots is None and self._finished and self.native is not None:
+            return self.native.outcome()
+        return tuple([(tuple(slot.arrivals), slot.out_of_place, slot.grad_bytes) for slot in self.slots])
 
     def _arrive(self, slot, index, gradient, kind=None, stock_view=False):
         if self.native is not None:
@@ -464,9 +450,9 @@ class Backward:
         if native is None:
             return
         native.finish()
-        self._outcomes = native.results()
+        self._finished = True
         if self._slots is not None:
-            self._fill(self._outcomes)
+            self._fill(native.results())
         if native.compiled:
             self.problems.append("it ran under compiled autograd, which calls no C++ hook: "
                                  "what reached its slots was not seen")
@@ -484,8 +470,6 @@ class Backward:
 
     def release(self):
         """Drop every node and tensor this record held."""
-        self._found = None
-        self._leaves = None
         for slot in self._slots or ():
             slot.consumer = None
             slot.leaf = None

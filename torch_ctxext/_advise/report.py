@@ -1,4 +1,5 @@
 """What ``with torch_ctxext.advise(model) as report`` collected, as a table and as plain data."""
+import collections
 from dataclasses import dataclass, field
 
 from .._explain import FunctionBufferStats
@@ -252,15 +253,89 @@ class AdviceReport:
         self.backwards = 0
         self.closed = False  # the block has ended: it will observe no more backwards
         self.failures = 0  # observations that failed (each noted), a backward's or a custom Function's
-        self._slots = {}
+        self._filed_slots = {}  # name -> SlotAdvice
         self.functions = {}
-        self.drop_ins = {}
-        self.routes = {}  # (module path, attribute) -> RouteAdvice
+        self._drop_ins = {}  # module path -> DropInAdvice
+        self._routes = {}  # (module path, attribute) -> RouteAdvice
+        # What backwards that repeat one already filed would file (replay),
+        # filed when the report is next read or added to: a training loop's
+        # step adds one entry here, not its slots and savings again.
+        self._replayed = collections.deque()
         # Class name -> why fuse() leaves its modules as they are (a subclass
         # whose forward replaces the stock one, ...), for those that made a
         # gradient of a tensor that received several.
         self.cannot_swap = {}
         self.notes = []
+
+    @property
+    def _slots(self):
+        if self._replayed:
+            self._file_replayed()
+        return self._filed_slots
+
+    @property
+    def drop_ins(self):
+        """Module path -> DropInAdvice: what fuse(model) would swap in, and save."""
+        if self._replayed:
+            self._file_replayed()
+        return self._drop_ins
+
+    @property
+    def routes(self):
+        """(module path, attribute) -> RouteAdvice: F.linear calls to route
+        through torch_ctxext.nn.functional.linear."""
+        if self._replayed:
+            self._file_replayed()
+        return self._routes
+
+    def replay(self, filed):
+        """File again what a backward filed (``filed``: Advise._file's
+        record of it: (0, savings), (1, route), (2, slot) entries), for a
+        backward that repeats it; done when the report is next read."""
+        self._replayed.append(filed)
+
+    def _file_replayed(self):
+        replayed = self._replayed
+        while replayed:
+            filed = replayed.popleft()  # atomic: a backward on another thread may append meanwhile
+            self._file_again(filed)
+
+    def _file_again(self, filed):
+        slots, drop_ins, routes = self._filed_slots, self._drop_ins, self._routes
+        for what, args in filed:
+            if what == 0:
+                for path, stock, drop_in, nbytes, names in args:
+                    advice = drop_ins.get(path)
+                    if advice is None:
+                        advice = drop_ins[path] = DropInAdvice(path, stock, drop_in)
+                    advice.avoidable_bytes += nbytes
+                    for name in names:
+                        if name not in advice.slots:
+                            advice.slots.append(name)
+            elif what == 1:
+                path, stock, attribute, name, nbytes = args
+                advice = routes.get((path, attribute))
+                if advice is None:
+                    advice = routes[path, attribute] = RouteAdvice(path, stock, attribute)
+                advice.avoidable_bytes += nbytes
+                if name not in advice.slots:
+                    advice.slots.append(name)
+            else:
+                name, kind, producers, tied, grad_bytes, counters, peak, nonzero = args
+                slot = slots.get(name)
+                if slot is not None and any(o is producers for o in slot.origins):
+                    # SlotAdvice.merge of a slot of these producers: its counts added
+                    for counter, value in nonzero:
+                        setattr(slot, counter, getattr(slot, counter) + value)
+                    if peak > slot.avoidable_peak_bytes:
+                        slot.avoidable_peak_bytes = peak
+                    continue
+                advice = SlotAdvice(name, kind, list(producers), grad_bytes, *counters, peak,
+                                    tied=list(tied), origins=[producers])
+                if slot is not None:
+                    slot.merge(advice)
+                else:
+                    slots[name] = advice
 
     @property
     def slots(self):
