@@ -46,6 +46,24 @@ struct Arrival {
   uint8_t kind;
   bool stock_view;  // a drop-in's gradient where the stock module's is a view
   int64_t bytes;    // the extent the gradient's strides span
+
+  bool operator==(const Arrival& o) const {
+    return producer == o.producer && kind == o.kind && stock_view == o.stock_view && bytes == o.bytes;
+  }
+};
+
+// One slot of graph.Backward.outcome(): its arrivals, whether the engine
+// summed out of place, the gradient's bytes (if known).
+struct SlotOutcome {
+  std::vector<Arrival> arrivals;
+  bool out_of_place = false;
+  bool has_bytes = false;
+  int64_t bytes = 0;
+
+  bool operator==(const SlotOutcome& o) const {
+    return arrivals == o.arrivals && out_of_place == o.out_of_place && has_bytes == o.has_bytes &&
+           (!has_bytes || bytes == o.bytes);
+  }
 };
 
 // What reached one slot in a backward: graph.Outcome on the Python side.
@@ -306,28 +324,35 @@ const std::string kAccumulateGrad = "torch::autograd::AccumulateGrad";
 // graph.py's _metadata_bytes: the bytes of the gradient the engine expects
 // for input `nr` of `node` (numel x element size, by the node's input
 // metadata), or None where the metadata cannot say (a nested or symbolic
-// shape, an undefined input).
-py::object metadata_bytes(const Node& node, uint32_t nr) {
+// shape, an undefined input): into `bytes`, false where it cannot say.
+bool metadata_bytes_of(const Node& node, uint32_t nr, int64_t& bytes) {
   try {
     if (nr >= node.num_inputs()) {
-      return py::none();
+      return false;
     }
     const auto& meta = node.input_metadata(nr);
     if (meta.was_default_constructed() || meta.is_nested_tensor()) {
-      return py::none();
+      return false;
     }
     int64_t numel = 1;
     for (const auto& size : meta.shape_as_dim_vector()) {
       const auto value = size.maybe_as_int();
       if (!value) {
-        return py::none();
+        return false;
       }
       numel *= *value;
     }
-    return py::int_(numel * static_cast<int64_t>(meta.dtype().itemsize()));
+    bytes = numel * static_cast<int64_t>(meta.dtype().itemsize());
+    return true;
   } catch (...) {
-    return py::none();
+    return false;
   }
+}
+
+// The same as a Python int, or None.
+py::object metadata_bytes(const Node& node, uint32_t nr) {
+  int64_t bytes = 0;
+  return metadata_bytes_of(node, nr, bytes) ? py::object(py::int_(bytes)) : py::object(py::none());
 }
 
 // Whether a node is a custom Function's (torch's PyNode), without making a
@@ -481,28 +506,58 @@ class Watch {
   // None). Equal (and equally hashed) to Python's, whose arrivals are
   // graph.Arrival named tuples of the same fields.
   py::tuple outcome() const {
-    std::lock_guard<std::mutex> lock(record_->mutex);
-    py::tuple out(record_->slots.size());
-    for (size_t i = 0; i < record_->slots.size(); ++i) {
-      const auto& s = record_->slots[i];
-      py::tuple arrivals(s.arrivals.size());
-      for (size_t j = 0; j < s.arrivals.size(); ++j) {
-        const auto& a = s.arrivals[j];
-        arrivals[j] = py::make_tuple(a.producer, crossing_.kinds[a.kind], a.bytes, a.stock_view);
-      }
-      const auto& [key, producers] = slots_[i];
-      py::object grad_bytes;
-      if (const at::Tensor* leaf = leaf_of(key.node)) {
-        grad_bytes = py::int_(leaf->numel() * static_cast<int64_t>(leaf->element_size()));
-      } else {
-        grad_bytes = metadata_bytes(*key.node, key.nr);
-        if (grad_bytes.is_none() && s.given) {
-          grad_bytes = py::int_(s.first_bytes);
+    // Read under the lock, made into Python objects after.
+    std::vector<SlotOutcome> now(slots_.size());
+    {
+      std::lock_guard<std::mutex> lock(record_->mutex);
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        const auto& s = record_->slots[i];
+        auto& o = now[i];
+        o.arrivals = s.arrivals;
+        o.out_of_place = s.has_first && s.has_final && s.final_address != s.first_address;
+        const auto& key = slots_[i].first;
+        if (const at::Tensor* leaf = leaf_of(key.node)) {
+          o.has_bytes = true;
+          o.bytes = leaf->numel() * static_cast<int64_t>(leaf->element_size());
+        } else if (metadata_bytes_of(*key.node, key.nr, o.bytes)) {
+          o.has_bytes = true;
+        } else if (s.given) {
+          o.has_bytes = true;
+          o.bytes = s.first_bytes;
         }
       }
-      const bool out_of_place = s.has_first && s.has_final && s.final_address != s.first_address;
-      out[i] = py::make_tuple(std::move(arrivals), out_of_place, std::move(grad_bytes));
     }
+    // A training loop's steps see equal outcomes: the last one's tuple is
+    // handed out again (compared by identity in advise()'s lookup).
+    struct LastOutcome {
+      std::vector<SlotOutcome> slots;
+      PyObject* kinds[kKinds] = {};
+      py::object tuple;
+    };
+    static auto* const last = new LastOutcome();  // never freed: outlives Python
+    bool same = last->tuple && last->slots == now;
+    for (size_t k = 0; same && k < kKinds; ++k) {
+      same = last->kinds[k] == crossing_.kinds[k].ptr();
+    }
+    if (same) {
+      return py::reinterpret_borrow<py::tuple>(last->tuple);
+    }
+    py::tuple out(now.size());
+    for (size_t i = 0; i < now.size(); ++i) {
+      const auto& o = now[i];
+      py::tuple arrivals(o.arrivals.size());
+      for (size_t j = 0; j < o.arrivals.size(); ++j) {
+        const auto& a = o.arrivals[j];
+        arrivals[j] = py::make_tuple(a.producer, crossing_.kinds[a.kind], a.bytes, a.stock_view);
+      }
+      out[i] = py::make_tuple(std::move(arrivals), o.out_of_place,
+                              o.has_bytes ? py::object(py::int_(o.bytes)) : py::object(py::none()));
+    }
+    last->slots = std::move(now);
+    for (size_t k = 0; k < kKinds; ++k) {
+      last->kinds[k] = crossing_.kinds[k].ptr();
+    }
+    last->tuple = out;
     return out;
   }
 
@@ -812,6 +867,25 @@ class Watch {
       shape_ = py::make_tuple(py::none(), py::none());
       return;
     }
+    // A training loop's steps make equal shapes: the last one's tuple is
+    // handed out again, so that advise()'s lookup of a graph it described
+    // compares it by identity (tuple equality tries identity first).
+    struct LastShape {
+      std::vector<ShapeEntry> entries;  // seq relative to the lowest
+      py::object flat;
+    };
+    static auto* const last = new LastShape();  // never freed: outlives Python
+    const bool same = last->flat && last->entries.size() == entries.size() &&
+                      std::equal(entries.begin(), entries.end(), last->entries.begin(),
+                                 [&](const ShapeEntry& e, const ShapeEntry& l) {
+                                   return e.op.ptr() == l.op.ptr() && e.has_seq == l.has_seq &&
+                                          (!e.has_seq || e.seq - low == l.seq) && e.nr == l.nr &&
+                                          e.count == l.count;
+                                 });
+    if (same) {
+      shape_ = py::make_tuple(py::int_(low), last->flat);
+      return;
+    }
     py::tuple flat(size);
     size_t i = 0;
     auto number = [&](const ShapeEntry& e) {
@@ -827,6 +901,11 @@ class Watch {
         flat[i++] = number(e);
       }
     }
+    last->entries = entries;
+    for (auto& e : last->entries) {
+      e.seq = e.has_seq ? e.seq - low : 0;
+    }
+    last->flat = flat;
     shape_ = py::make_tuple(py::int_(low), std::move(flat));
   }
 

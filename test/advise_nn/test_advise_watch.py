@@ -149,6 +149,29 @@ def test_a_repeated_graphs_leaves_and_outcome_read_without_the_slots_view_are_wh
         record.release()
 
 
+def test_a_graph_of_one_shape_that_saw_something_else_has_another_outcome():
+    """The outcome of a repeated graph is what reached its slots this time:
+    the same shape with a root gradient that arrives, then one that does
+    not, then one that does again."""
+    def outcome(root_arrives):
+        w = leaf(3)
+        y = w * 2
+        roots, grads = [y, y.sum()], [torch.ones(3), torch.ones(())]
+        record = graph.Backward(roots, grads if root_arrives else None, [], False, shaped=True)
+        try:
+            torch.autograd.backward(roots, grads)
+            record.finish()
+            assert record._slots is None  # read from the watch, not from its view
+            return record.shape, record.outcome()
+        finally:
+            record.release()
+
+    (shape, arrived), (same_shape, nothing), (_, again) = outcome(True), outcome(False), outcome(True)
+    assert shape == same_shape and arrived != nothing and again == arrived
+    assert [kind for _, kind, _, _ in arrived[0][0]] == [graph.GRADIENT, graph.GRADIENT]
+    assert [kind for _, kind, _, _ in nothing[0][0]] == [graph.NOTHING, graph.GRADIENT]
+
+
 def report(step, model=None, python_watch=False, monkeypatch=None):
     if python_watch:
         monkeypatch.setattr(graph, "_native_watch", lambda *args: (None, False))
