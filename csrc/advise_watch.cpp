@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
 
 #include <algorithm>
@@ -17,7 +18,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <typeindex>
 #include <typeinfo>
 #include <memory>
 #include <mutex>
@@ -214,6 +214,9 @@ struct ProducerEntry {
   int32_t producer;
   size_t position;  // the index of the node's output (next edge) feeding the slot
 };
+// A node's entries: most nodes produce for one slot, or two (no allocation).
+using ProducerEntries = c10::SmallVector<ProducerEntry, 2>;
+using ConsumerSlots = c10::SmallVector<std::pair<size_t, uint32_t>, 2>;
 
 // What both hooks share: the record they fill, and what they tell compiled
 // autograd. Compiled autograd does not call a C++ hook: instead of raising
@@ -239,7 +242,7 @@ struct RecordingHook : Hook {
 
 // On a built-in producer: sees the gradients it returns.
 struct ProducerHook : RecordingHook<torch::autograd::FunctionPostHook> {
-  ProducerHook(std::shared_ptr<Record> record, std::vector<ProducerEntry> entries)
+  ProducerHook(std::shared_ptr<Record> record, ProducerEntries entries)
       : RecordingHook(std::move(record)), entries(std::move(entries)) {}
 
   variable_list operator()(const variable_list& outputs,
@@ -255,12 +258,12 @@ struct ProducerHook : RecordingHook<torch::autograd::FunctionPostHook> {
     return outputs;
   }
 
-  std::vector<ProducerEntry> entries;
+  ProducerEntries entries;
 };
 
 // On a consumer: sees each watched slot's finished buffer.
 struct ConsumerHook : RecordingHook<torch::autograd::FunctionPreHook> {
-  ConsumerHook(std::shared_ptr<Record> record, std::vector<std::pair<size_t, uint32_t>> slots)
+  ConsumerHook(std::shared_ptr<Record> record, ConsumerSlots slots)
       : RecordingHook(std::move(record)), slots(std::move(slots)) {}
 
   variable_list operator()(const variable_list& grads) override {
@@ -274,7 +277,7 @@ struct ConsumerHook : RecordingHook<torch::autograd::FunctionPreHook> {
     return grads;
   }
 
-  std::vector<std::pair<size_t, uint32_t>> slots;
+  ConsumerSlots slots;
 };
 
 // A finished watch's hooks stay on their nodes (disarmed: one atomic load if
@@ -375,14 +378,18 @@ struct OpName {
 };
 
 OpName op_name(const Node* node) {
-  static auto* const names = new std::unordered_map<std::type_index, OpName>();  // never freed: outlives Python
+  // Keyed by the address of the type's name (std::type_index hashes the
+  // name's characters at every lookup); a type whose name is at two
+  // addresses (two libraries) has two entries.
+  static auto* const names = new ska::flat_hash_map<const char*, OpName>();  // never freed: outlives Python
   if (is_python_function(node)) {
     return OpName{py::str(node->name()), false};
   }
-  auto [it, inserted] = names->try_emplace(std::type_index(typeid(*node)));
-  if (inserted) {
+  const char* type = typeid(*node).name();
+  auto it = names->find(type);
+  if (it == names->end()) {
     const std::string name = node->name();
-    it->second = OpName{py::str(name), name == kAccumulateGrad};
+    it = names->emplace(type, OpName{py::str(name), name == kAccumulateGrad}).first;
   }
   return it->second;
 }
@@ -719,9 +726,9 @@ class Watch {
   // its shape, leaves() and outcome() alone. What that view names is held
   // (held_) until then.
   void hook(std::vector<std::pair<SlotKey, std::vector<Producer>>>&& slots) {
-    ska::flat_hash_map<Node*, std::vector<ProducerEntry>> posts;
+    ska::flat_hash_map<Node*, ProducerEntries> posts;
     std::vector<Node*> post_order;
-    ska::flat_hash_map<Node*, std::vector<std::pair<size_t, uint32_t>>> pres;
+    ska::flat_hash_map<Node*, ConsumerSlots> pres;
     std::vector<Node*> pre_order;
     const py::str root_name("root gradient");
     // graph.py's _shape, in the same order: per slot its op, input number,
@@ -729,6 +736,11 @@ class Watch {
     // (numbers made relative to the lowest below). Left to Python where a
     // custom Function produces (Python names it).
     std::vector<ShapeEntry> shape;
+    size_t entries = slots.size();
+    for (const auto& slot : slots) {
+      entries += slot.second.size();
+    }
+    shape.reserve(entries);
     held_.reserve(slots.size());
     for (size_t s = 0; s < slots.size(); ++s) {
       const auto& [key, producers] = slots[s];
