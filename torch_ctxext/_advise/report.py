@@ -301,25 +301,13 @@ class AdviceReport:
             self._file_again(filed)
 
     def _file_again(self, filed):
-        slots, drop_ins, routes = self._filed_slots, self._drop_ins, self._routes
+        slots = self._filed_slots
         for what, args in filed:
             if what == 0:
                 for path, stock, drop_in, nbytes, names in args:
-                    advice = drop_ins.get(path)
-                    if advice is None:
-                        advice = drop_ins[path] = DropInAdvice(path, stock, drop_in)
-                    advice.avoidable_bytes += nbytes
-                    for name in names:
-                        if name not in advice.slots:
-                            advice.slots.append(name)
+                    self._add_savings(path, stock, drop_in, names, nbytes)
             elif what == 1:
-                path, stock, attribute, name, nbytes = args
-                advice = routes.get((path, attribute))
-                if advice is None:
-                    advice = routes[path, attribute] = RouteAdvice(path, stock, attribute)
-                advice.avoidable_bytes += nbytes
-                if name not in advice.slots:
-                    advice.slots.append(name)
+                self._add_route(*args)
             else:
                 name, kind, producers, tied, grad_bytes, counters, peak, nonzero = args
                 slot = slots.get(name)
@@ -330,12 +318,8 @@ class AdviceReport:
                     if peak > slot.avoidable_peak_bytes:
                         slot.avoidable_peak_bytes = peak
                     continue
-                advice = SlotAdvice(name, kind, list(producers), grad_bytes, *counters, peak,
-                                    tied=list(tied), origins=[producers])
-                if slot is not None:
-                    slot.merge(advice)
-                else:
-                    slots[name] = advice
+                self._add_slot(SlotAdvice(name, kind, list(producers), grad_bytes, *counters, peak,
+                                          tied=list(tied), origins=[producers]))
 
     @property
     def slots(self):
@@ -367,35 +351,49 @@ class AdviceReport:
         the peak drops by that only where it falls on that add."""
         return max((s.avoidable_peak_bytes for s in self._slots.values()), default=0)
 
+    # Each add_ files what is waiting first (replay), so that the report is
+    # what filing each backward as it ran would have made; its _add_ twin,
+    # which _file_again calls too, writes the filed dictionaries.
     def add_slot(self, slot):
-        if slot.name in self._slots:
-            self._slots[slot.name].merge(slot)
-        else:
-            self._slots[slot.name] = slot
+        if self._replayed:
+            self._file_replayed()
+        self._add_slot(slot)
 
     def add_saving(self, path, stock, drop_in, slot_name, nbytes):
-        advice = self.drop_ins.get(path)
-        if advice is None:
-            advice = self.drop_ins[path] = DropInAdvice(path, stock, drop_in)
-        advice.avoidable_bytes += nbytes
-        if slot_name not in advice.slots:
-            advice.slots.append(slot_name)
+        self.add_savings(path, stock, drop_in, (slot_name,), nbytes)
 
     def add_savings(self, path, stock, drop_in, slot_names, nbytes):
         """``add_saving`` for several slots at once: ``nbytes`` in all."""
-        advice = self.drop_ins.get(path)
+        if self._replayed:
+            self._file_replayed()
+        self._add_savings(path, stock, drop_in, slot_names, nbytes)
+
+    def add_route(self, path, stock, attribute, slot_name, nbytes):
+        if self._replayed:
+            self._file_replayed()
+        self._add_route(path, stock, attribute, slot_name, nbytes)
+
+    def _add_slot(self, slot):
+        found = self._filed_slots.get(slot.name)
+        if found is not None:
+            found.merge(slot)
+        else:
+            self._filed_slots[slot.name] = slot
+
+    def _add_savings(self, path, stock, drop_in, slot_names, nbytes):
+        advice = self._drop_ins.get(path)
         if advice is None:
-            advice = self.drop_ins[path] = DropInAdvice(path, stock, drop_in)
+            advice = self._drop_ins[path] = DropInAdvice(path, stock, drop_in)
         advice.avoidable_bytes += nbytes
         slots = advice.slots
         for slot_name in slot_names:
             if slot_name not in slots:
                 slots.append(slot_name)
 
-    def add_route(self, path, stock, attribute, slot_name, nbytes):
-        advice = self.routes.get((path, attribute))
+    def _add_route(self, path, stock, attribute, slot_name, nbytes):
+        advice = self._routes.get((path, attribute))
         if advice is None:
-            advice = self.routes[path, attribute] = RouteAdvice(path, stock, attribute)
+            advice = self._routes[path, attribute] = RouteAdvice(path, stock, attribute)
         advice.avoidable_bytes += nbytes
         if slot_name not in advice.slots:
             advice.slots.append(slot_name)
