@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <typeinfo>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -494,6 +495,11 @@ class Watch {
   // them, and engine.py's apply wrapper sees what they return).
   size_t functions() const { return functions_; }
 
+  // How many of the nodes the walk reached are custom Functions' (producers
+  // or not): advise() wraps their apply only for a graph that has one
+  // (engine.py), and a graph without one runs no Python in its backward.
+  size_t python_nodes() const { return python_nodes_; }
+
   // The tensor of each slot that is a leaf's, in the slots' order (the
   // Found's consumer.variable, without the view).
   py::list leaves() const {
@@ -665,6 +671,7 @@ class Watch {
       if (refs_.emplace(node, nullptr).second) {
         root_objects_.emplace(node, obj);
         stack.push_back(node);
+        python_nodes_ += is_python_function(node);
       }
     }
     while (!stack.empty()) {
@@ -680,6 +687,7 @@ class Watch {
         add_edge(child, edge.input_nr, Producer{node, i});
         if (refs_.emplace(child, &edge.function).second) {
           stack.push_back(child);
+          python_nodes_ += is_python_function(child);
         }
       }
     }
@@ -969,9 +977,90 @@ class Watch {
   std::vector<Held> held_;  // each slot's consumer
   ska::flat_hash_map<Node*, Held> held_functions_;  // each custom Function producer
   size_t functions_ = 0;
+  size_t python_nodes_ = 0;
   py::list python_slots_{py::reinterpret_steal<py::list>(py::handle())};  // made at the first slots()
   py::object shape_ = py::none();  // make_shape's, or None: Python shapes the slots
 };
+
+// advise()'s view of a model (torch_ctxext/_advise/modules.py, ModelView):
+// per module its class, and the keys and values of its _modules and
+// _parameters in order, by address, as one bytes object: equal while the
+// model's structure is what the view read. Asked as every advise() block
+// enters (a training loop's every step); Python's tuples of the same took
+// 0.7 us a module. A key re-made equal but not identical reads as a
+// change (the view is then read again: never a stale name).
+py::bytes module_structure(const py::sequence& modules) {
+  static PyObject* const names[2] = {PyUnicode_InternFromString("_modules"),
+                                     PyUnicode_InternFromString("_parameters")};  // never freed
+  std::string out;
+  auto put = [&out](const void* value) {
+    const auto bits = reinterpret_cast<uintptr_t>(value);
+    out.append(reinterpret_cast<const char*>(&bits), sizeof(bits));
+  };
+  for (const auto& item : modules) {
+    PyObject* module = item.ptr();
+    put(Py_TYPE(module));
+    PyObject* own = PyObject_GenericGetDict(module, nullptr);
+    if (own == nullptr) {
+      throw py::error_already_set();
+    }
+    const auto own_ref = py::reinterpret_steal<py::object>(own);
+    for (PyObject* name : names) {
+      PyObject* held = PyDict_GetItemWithError(own, name);  // borrowed
+      if (held == nullptr && PyErr_Occurred()) {
+        throw py::error_already_set();
+      }
+      if (held == nullptr || !PyDict_Check(held)) {
+        put(held);  // none, or not a dict: by identity
+        continue;
+      }
+      put(reinterpret_cast<const void*>(static_cast<uintptr_t>(PyDict_GET_SIZE(held))));
+      Py_ssize_t position = 0;
+      PyObject* key = nullptr;
+      PyObject* value = nullptr;
+      while (PyDict_Next(held, &position, &key, &value)) {
+        put(key);
+        put(value);
+      }
+    }
+  }
+  return py::bytes(out);
+}
+
+// advise()'s signature of a forward's module calls (Advise._signature): each
+// call as filed, a (start, end, module) tuple, as its numbers less `low` (a
+// number the backward's nodes have: equal for two steps of one loop) or a
+// mark for None, the module's address and its class's, in one bytes
+// object. The modules are the model's (its view holds them while it is
+// current), so an address names one module. Python's loop over the same
+// was a tenth of a small step's watch.
+py::bytes calls_signature(const py::list& calls, int64_t low) {
+  std::string out;
+  out.reserve(static_cast<size_t>(PyList_GET_SIZE(calls.ptr())) * 4 * sizeof(int64_t));
+  auto put = [&out](int64_t value) { out.append(reinterpret_cast<const char*>(&value), sizeof(value)); };
+  for (const auto& item : calls) {
+    PyObject* call = item.ptr();
+    if (!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != 3) {
+      throw py::type_error("calls_signature: each call is a (start, end, module) tuple");
+    }
+    for (Py_ssize_t i = 0; i < 2; ++i) {
+      PyObject* number = PyTuple_GET_ITEM(call, i);
+      if (number == Py_None) {
+        put(std::numeric_limits<int64_t>::min());
+        continue;
+      }
+      const long long value = PyLong_AsLongLong(number);
+      if (value == -1 && PyErr_Occurred()) {
+        throw py::error_already_set();
+      }
+      put(static_cast<int64_t>(value) - low);
+    }
+    PyObject* module = PyTuple_GET_ITEM(call, 2);
+    put(static_cast<int64_t>(reinterpret_cast<intptr_t>(module)));
+    put(static_cast<int64_t>(reinterpret_cast<intptr_t>(Py_TYPE(module))));
+  }
+  return py::bytes(out);
+}
 
 }  // namespace
 
@@ -980,6 +1069,7 @@ void bind_advise_watch(py::module_& m) {
                     "One backward watched for advise() (torch_ctxext/_advise/graph.py)")
       .def_property_readonly("slots", &Watch::slots)
       .def_property_readonly("functions", &Watch::functions)
+      .def_property_readonly("python_nodes", &Watch::python_nodes)
       .def("leaves", &Watch::leaves)
       .def("outcome", &Watch::outcome)
       .def_property_readonly("shape", &Watch::shape)
@@ -991,6 +1081,12 @@ void bind_advise_watch(py::module_& m) {
       .def("results", &Watch::results)
       .def_property_readonly("compiled", &Watch::compiled)
       .def_property_readonly("error", &Watch::error);
+  m.def("calls_signature", &calls_signature, py::arg("calls"), py::arg("low"),
+        "A forward's module calls ((start, end, module) each), numbers less low, with each "
+        "module's and its class's address, as bytes (advise()'s signature of a step)");
+  m.def("module_structure", &module_structure, py::arg("modules"),
+        "Each module's class and the keys and values of its _modules and _parameters, by "
+        "address, as bytes (advise()'s view of a model: torch_ctxext/_advise/modules.py)");
   m.def(
       "advise_watch",
       [](const py::sequence& roots, const py::sequence& inputs, py::handle crossing, bool keep_nodes,

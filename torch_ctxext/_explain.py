@@ -395,6 +395,10 @@ def _renew_locks_after_fork():
 
 os.register_at_fork(after_in_child=_renew_locks_after_fork)
 _observers = []  # [(callback, wants_reasons)]
+# An advise() block is active (its engine.py sets it): the drop-ins run their
+# Python Function, as while an observer is active, so that the reads of the
+# backward it watches are seen (its observer is placed at that backward).
+advising = False
 # While observers are active: the property replaced, and the extension behind
 # it (found when the first observer entered, on its thread), as one tuple.
 _wrapped = None

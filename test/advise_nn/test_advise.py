@@ -303,7 +303,7 @@ def test_a_block_kept_open_keeps_the_calls_of_its_last_forwards_only():
         calls = torch_ctxext._advise.engine._sessions[-1]._calls
         for _ in range(3 * modules.KEPT_FORWARDS):
             sum(layer(torch.randn(2, 3)).sum() for _ in range(2)).backward()
-            assert sum(len(forward) for forward, _ in calls._kept) <= 2 * modules.KEPT_FORWARDS
+            assert sum(len(forward) for forward, *_ in calls._kept) <= 2 * modules.KEPT_FORWARDS
     assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2"]
 
 
@@ -462,7 +462,12 @@ def _twice_embedded_step(model):
     return report.as_dict()
 
 
-@pytest.mark.parametrize("change", ["padding_idx", "replaced module", "fused", "renamed"])
+class OwnEmbedding(torch.nn.Embedding):
+    pass
+
+
+@pytest.mark.parametrize("change", ["padding_idx", "replaced module", "fused", "renamed", "replaced parameter",
+                                    "class changed"])
 def test_a_described_graph_is_described_afresh_when_what_its_names_read_changed(change):
     model = TwiceEmbedded()
     before = _twice_embedded_step(model)
@@ -473,6 +478,10 @@ def test_a_described_graph_is_described_afresh_when_what_its_names_read_changed(
         model.emb = torch.nn.Embedding(10, 4, padding_idx=0)
     elif change == "fused":
         torch_ctxext.nn.fuse(model)
+    elif change == "replaced parameter":  # the same modules: the view of the model reads its parameters too
+        model.emb.weight = torch.nn.Parameter(torch.randn(10, 4))
+    elif change == "class changed":
+        model.emb.__class__ = OwnEmbedding
     else:
         model.embedding = model.emb
         del model.emb
@@ -485,6 +494,12 @@ def test_a_described_graph_is_described_afresh_when_what_its_names_read_changed(
     elif change == "fused":
         assert slot["avoided_bytes"] == before["slots"][0]["avoidable_bytes"] and not slot["avoidable_bytes"]
         assert {p["stock"] for p in slot["producers"]} == {"FusedEmbedding"}
+    elif change == "replaced parameter":
+        assert slot["name"] == "emb.weight" and slot["kind"] == "parameter"
+        assert slot["avoidable_bytes"] == before["slots"][0]["avoidable_bytes"]
+        return  # (nothing else differs)
+    elif change == "class changed":
+        assert {p["stock"] for p in slot["producers"]} == {"OwnEmbedding"}
     else:
         assert slot["name"] == "embedding.weight"
         assert {p["module"] for p in slot["producers"]} == {"embedding#1", "embedding#2"}
@@ -520,6 +535,26 @@ def test_the_descriptions_kept_for_reuse_keep_no_model_alive():
     other = TwiceEmbedded()
     _twice_embedded_step(other)  # a new model's lookup drops the dead one's entries
     assert all(ref() is not None for ref, _ in _advise._DESCRIBED.values())
+    assert all(ref() is not None for ref, _ in modules._views.values())  # and its view
+
+
+def test_a_block_places_the_custom_functions_watch_only_for_a_backward_that_runs_one():
+    # Setting a method of BackwardCFunction or FunctionCtx invalidates the
+    # method caches of every custom Function class the process has: a step
+    # of built-in ops leaves them as they are; a custom Function, read once
+    # and used once (no slot), is still seen.
+    apply, getter = BackwardCFunction.__dict__["apply"], FunctionCtx.__dict__["input_grad_buffers"]
+    model = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(model) as report:
+        sum(model(torch.randn(2, 3)).sum() for _ in range(2)).backward()
+        assert BackwardCFunction.__dict__["apply"] is apply
+        assert FunctionCtx.__dict__["input_grad_buffers"] is getter
+        Unfused.apply(torch.randn(3, requires_grad=True)).sum().backward()
+        assert BackwardCFunction.__dict__["apply"] is not apply
+    assert BackwardCFunction.__dict__["apply"] is apply and FunctionCtx.__dict__["input_grad_buffers"] is getter
+    assert report["weight"].temporaries == 1
+    (stats,) = report.functions.values()
+    assert stats.reads == 1
 
 
 def test_a_backward_after_the_block_is_reported_as_none_observed_with_how_to_use_it():

@@ -20,6 +20,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import torch_ctxext
 from torch_ctxext import _explain, _features
 from torch_ctxext._ext import advise_module
 from torch_ctxext.nn import (FusedEmbedding, FusedGRUCell, FusedLinear, FusedLSTMCell, FusedMultiheadAttention,
@@ -438,6 +439,8 @@ def test_where_the_cpp_function_would_not_compute_alike_fusedlinear_runs_the_pyt
 def test_while_advise_or_explain_observes_fusedlinear_runs_the_python_function_whose_reads_they_see():
     layer, x = FusedLinear(F, F), leaf(4, F)
     with route("cpp"), _explain.observe(lambda *a: None):
+        assert type(layer(x).grad_fn).__name__ == "FusedLinearFunctionBackward"
+    with route("cpp"), torch_ctxext.advise(layer):  # before any backward: advise observes from it on
         assert type(layer(x).grad_fn).__name__ == "FusedLinearFunctionBackward"
     with route("cpp"):
         assert type(layer(x).grad_fn).__name__ == "CppFunction"

@@ -25,7 +25,7 @@ import torch
 
 from . import engine
 from .graph import Backward
-from .modules import ModuleCalls, ParameterNames, named_modules
+from .modules import ModuleCalls, view_of
 from .report import AdviceReport, DropInAdvice, FunctionAdvice, ProducerAdvice, SlotAdvice, account
 from .table import USAGE
 
@@ -109,6 +109,21 @@ _described_lock = threading.Lock()
 _COUNTERS = ("fused", "temporaries", "summed_out_of_place", "temporary_bytes", "avoided_bytes", "avoidable_bytes")
 
 
+_drop_ins_module = None
+
+
+def _drop_ins():
+    """torch_ctxext.nn.drop_ins (which imports this package: not at import
+    time), looked up once: an import statement run per module call and
+    block cost 3 to 4 us each, a tenth of a small step's watch."""
+    global _drop_ins_module
+    if _drop_ins_module is None:
+        from ..nn import drop_ins
+
+        _drop_ins_module = drop_ins
+    return _drop_ins_module
+
+
 def _known_descriptions(model):
     """The descriptions kept for ``model`` (under _described_lock)."""
     entry = _DESCRIBED.get(id(model))
@@ -172,18 +187,18 @@ class Advise:
         self.report = None
         self._calls = None
         self._names = None
+        self._view = None  # the model's ModelView (modules.view_of)
         self._fusing = {}  # (id(module), its class, id(parameter) or None) -> Advise._drop_in's answer
         self._labels = {}  # (module path, call) -> the producer's module as the report shows it
-        self._modules = {}  # (id(module), its class) -> what of it a description reads (_key)
 
     def __enter__(self):
         if self.report is not None:
             raise RuntimeError("this advise() block is already active; call advise() again for a new one")
         self.report = AdviceReport(type(self.model).__name__ if self.model is not None else None)
         if self.model is not None:
-            modules = named_modules(self.model)  # one walk for both
-            self._names = ParameterNames(modules)
-            self._calls = ModuleCalls(self.model, modules)
+            self._view = view_of(self.model)
+            self._names = self._view.names
+            self._calls = ModuleCalls(self.model, self._view)
             self._calls.install()
         else:
             self.report.note("no model given: advise(model) names parameters and modules "
@@ -254,17 +269,34 @@ class Advise:
         if record.create_graph:
             self.report.note("a backward ran with create_graph=True: the engine sums out of place "
                              "and exposes no buffer there, so no drop-in saves anything in it")
-        key = self._key(record)
-        if key is None:
+        # A training loop's backwards repeat one graph and what reached it:
+        # what this one files in the report is then what the first filed
+        # (kept by the description's key and what reached every slot),
+        # replayed. The last one filed on this model (by this block or an
+        # earlier one: a block per step) is recognised by its signature and
+        # outcome alone; another, by the description's key.
+        signature = self._signature(record)
+        if signature is not None:
+            outcome = record.outcome()
+            with _described_lock:
+                known = _known_descriptions(self.model)
+            last = self._view.last
+            if last is not None and last[0] is known and last[1] == signature:
+                if last[2] == outcome:
+                    self._cannot_swap(last[5])
+                    self.report.replay(last[4])
+                    return
+                key, cannot = last[3], last[5]
+            else:
+                key, cannot = self._key(record)
+        if signature is None or key is None:
             ordered = _ordered(record)
             self._file(record, ordered, self._describe_all(ordered))
             return
-        # A training loop's backwards repeat one graph and what reached it:
-        # what this one files in the report is then what the first filed
-        # (kept by the description's key and what reached every slot), replayed.
-        outcome = (key, record.create_graph, record.outcome())
+        self._cannot_swap(cannot)
+        described = (key, record.create_graph, outcome)
         with _described_lock:
-            filed = _known_descriptions(self.model).get(outcome)
+            filed = known.get(described)
         if filed is None:
             filed = []
             ordered = _ordered(record)
@@ -273,9 +305,15 @@ class Advise:
                 known = _known_descriptions(self.model)
                 if len(known) >= 2 * _DESCRIBED_PER_MODEL:
                     known.clear()  # graphs that change every step: keep the latest
-                known[outcome] = filed
-            return
-        self.report.replay(filed)
+                known[described] = filed
+        else:
+            self.report.replay(filed)
+        # Valid while the model's descriptions are kept (the dict they are in).
+        self._view.last = (known, signature, outcome, key, filed, cannot)
+
+    def _cannot_swap(self, cannot):
+        for name, reason in cannot:
+            self.report.cannot_swap.setdefault(name, reason)
 
     def _file(self, record, ordered, described, filed=None):
         """Account each slot and file it, its savings and routes in the
@@ -376,6 +414,29 @@ class Advise:
                 entry[0] = f"{name} ({seen[name]})"
         return [tuple(entry) for entry in described]
 
+    def _signature(self, record):
+        """What ``_key`` reads, in a form as cheap to make and compare as
+        this model's view allows (it names the modules and parameters: the
+        same view, the same names): the last forward's module calls (their
+        numbers less the lowest number of the backward's nodes, each
+        module's identity and class: ``ModelView.calls_signature``), the
+        backward's ``shape``, its leaves (a parameter by identity, another
+        tensor by its shape), and whether it made a graph. Equal signatures
+        on one view have equal keys. None where a key cannot be made: no
+        model, no shape, or a node numbered before the end of an earlier
+        forward's call (it may be that call's); ``_key`` says None too
+        where no module call has both numbers."""
+        calls = self._calls
+        if calls is None or record.shape is None:
+            return None
+        forward, before = calls.last_forward()
+        low = record.lowest
+        if before is not None and low < before:
+            return None
+        names = self._names.names
+        leaves = [id(leaf) if id(leaf) in names else tuple(leaf.shape) for leaf in record.leaves()]
+        return self._view.calls_signature(forward, low), record.shape, leaves, record.create_graph
+
     def _key(self, record):
         """Everything ``_describe_all`` reads, by value: the backward's
         ``shape`` (per slot its op, input number, node number and its
@@ -383,41 +444,40 @@ class Advise:
         that lies from this forward's first module call, the slots' tensor
         names; this forward's module calls (numbers, path, call, class,
         drop-in, what its fused path still allocates); the model's class.
-        None where a description cannot be reused: no model, no module call
-        timed, or a node numbered before the end of an earlier forward's
-        call (it may be that call's)."""
-        calls = self._calls
-        if calls is None or record.shape is None:
-            return None
-        forward, start, before = calls.sorted_forward()
-        if not forward or (before is not None and record.lowest < before):
-            return None
+        And the classes of the modules called that have no drop-in, with
+        why (the report's ``cannot_swap``). (None, ()) where no module call
+        of the forward has both numbers. Asked only where ``_signature`` is
+        not None."""
+        forward, start, _ = self._calls.sorted_forward()
+        if start is None:
+            return None, ()
         names = self._names.names
         tensors = []
         for leaf in record.leaves():
             found = names.get(id(leaf))
             tensors.append(tuple(found) if found is not None else tuple(leaf.shape))
-        module = self._module_key
-        made = tuple([(begin - start, end - start, path, call, counts[id(m)], module(m))
-                      for begin, end, path, m, call, counts in forward])
-        return type(self.model), made, record.lowest - start, record.shape, tuple(tensors)
+        made = []
+        cannot = {}
+        for begin, end, path, m, call, counts in forward:
+            key, reason = self._module_key(m)
+            if reason:
+                cannot.setdefault(type(m).__name__, reason)
+            made.append((begin - start, end - start, path, call, counts[id(m)], key))
+        key = type(self.model), tuple(made), record.lowest - start, record.shape, tuple(tensors)
+        return key, tuple(cannot.items())
 
     def _module_key(self, module):
-        """What a description reads of a module: its class, drop-in, and
-        what the drop-in's fused path still allocates (once per block)."""
+        """What a description reads of a module (its class, drop-in, and what
+        the drop-in's fused path still allocates), and why it has no drop-in
+        (or None): once per module while the model's view lasts."""
+        keys = self._view.module_keys
         key = (id(module), type(module))
-        found = self._modules.get(key)
+        found = keys.get(key)
         if found is None:
-            from ..nn.drop_ins import drop_in_for
-
-            drop_in = drop_in_for(module)
-            found = self._modules[key] = (type(module), drop_in, _residual(module))
-            if drop_in is None:
-                from ..nn.drop_ins import why_not
-
-                reason = why_not(module)
-                if reason:
-                    self.report.cannot_swap.setdefault(type(module).__name__, reason)
+            drop_ins = _drop_ins()
+            drop_in = drop_ins.drop_in_for(module)
+            reason = drop_ins.why_not(module) if drop_in is None else None
+            found = keys[key] = ((type(module), drop_in, _residual(module)), reason or None)
         return found
 
     def _attribute(self, slots):
@@ -487,9 +547,7 @@ class Advise:
         producer (its node's name ``op``) of a module for the slot: the same
         for every call of the module and every backward of a block, so
         worked out once per block."""
-        from ..nn.drop_ins import drop_in_for
-
-        drop_in = drop_in_for(module)
+        drop_in = _drop_ins().drop_in_for(module)
         if drop_in is not None:
             owned = slot.leaf is not None and self._names.owned_by(slot.leaf, module, getattr(drop_in, "fuses_submodules", False))
             # FusedLinear, FusedConv1D and FusedGRUCell also add into their

@@ -4,15 +4,21 @@
   the one entry ``backward()``, ``Tensor.backward()`` and
   ``torch.autograd.grad`` share; torch's own ``make_fx`` patches the same
   two names): each backward is recorded by a :class:`graph.Backward`.
+  Placed when the first active block enters, removed when the last exits.
 * ``BackwardCFunction.apply`` / ``apply_boxed``, the methods the engine calls
   to run a custom Function's backward: what it returned, and whether it wrote
-  into the buffers it was handed.
-* an observer of ``ctx.input_grad_buffers`` (``_explain.observe``): every read,
-  with the reasons for ``None``.
+  into the buffers it was handed; and an observer of
+  ``ctx.input_grad_buffers`` (``_explain.observe``): every read, with the
+  reasons for ``None``. Placed at the first watched backward whose graph has
+  a custom Function (a graph of built-in ops runs no Python in its backward,
+  and setting a method of BackwardCFunction or FunctionCtx invalidates the
+  method caches of each of their subclasses: one per custom Function class
+  the process has), removed when the last block exits.
 
-All three are placed when the first active block enters and removed when the
-last one exits; a block that fails to observe a backward records why in its
-report instead of raising into the training step.
+While a block is active, the drop-ins of :mod:`torch_ctxext.nn` run their
+Python Function (``_explain.advising``), whose reads the observer sees. A
+block that fails to observe a backward records why in its report instead of
+raising into the training step.
 """
 import gc
 import threading
@@ -30,40 +36,56 @@ _sessions = []  # active sessions; replaced, never mutated: a consistent snapsho
 _backwards = []  # backwards running now, likewise
 _originals = {}
 _observing = None  # the observe() context of the buffer reads
+_functions_watched = False  # apply wrappers and observer placed (_watch_functions)
 _calls = threading.local()  # .stack: the custom backward running on this thread
 
 
 def enter(session):
-    global _sessions, _observing
+    global _sessions
     with _lock:
         if not _sessions:
             _originals["run"] = torch.autograd.graph._engine_run_backward
             _originals["run_here"] = torch.autograd.__dict__.get("_engine_run_backward")
             torch.autograd.graph._engine_run_backward = _run_backward
             torch.autograd._engine_run_backward = _run_backward
-            for name in ("apply", "apply_boxed"):
-                if name in BackwardCFunction.__dict__:
-                    _originals[name] = BackwardCFunction.__dict__[name]
-                    setattr(BackwardCFunction, name, _WRAPPERS[name])
-            if "input_grad_buffers" in FunctionCtx.__dict__:
-                _observing = _explain.observe(_on_read, wants_reasons=True)
-                _observing.__enter__()
+            _explain.advising = True
         _sessions = _sessions + [session]
 
 
+def _watch_functions():
+    """Wrap BackwardCFunction's apply and observe ``ctx.input_grad_buffers``
+    until the last block exits (a backward with a custom Function is about
+    to run)."""
+    global _observing, _functions_watched
+    with _lock:
+        if _functions_watched or not _sessions:
+            return
+        for name in ("apply", "apply_boxed"):
+            if name in BackwardCFunction.__dict__:
+                _originals[name] = BackwardCFunction.__dict__[name]
+                setattr(BackwardCFunction, name, _WRAPPERS[name])
+        if "input_grad_buffers" in FunctionCtx.__dict__:
+            _observing = _explain.observe(_on_read, wants_reasons=True)
+            _observing.__enter__()
+        _functions_watched = True
+
+
 def exit(session):
-    global _sessions, _observing
+    global _sessions, _observing, _functions_watched
     with _lock:
         remaining = [s for s in _sessions if s is not session]
         _sessions = remaining
         if remaining:
             return
-        if _observing is not None:
-            observing, _observing = _observing, None
-            observing.__exit__(None, None, None)
-        for name in ("apply", "apply_boxed"):
-            if name in _originals and BackwardCFunction.__dict__.get(name) is _WRAPPERS[name]:
-                setattr(BackwardCFunction, name, _originals.pop(name))
+        _explain.advising = False
+        if _functions_watched:
+            _functions_watched = False
+            if _observing is not None:
+                observing, _observing = _observing, None
+                observing.__exit__(None, None, None)
+            for name in ("apply", "apply_boxed"):
+                if name in _originals and BackwardCFunction.__dict__.get(name) is _WRAPPERS[name]:
+                    setattr(BackwardCFunction, name, _originals.pop(name))
         # Put back only what is still ours (another patch on top stays).
         if torch.autograd.graph._engine_run_backward is _run_backward:
             torch.autograd.graph._engine_run_backward = _originals["run"]
@@ -112,6 +134,8 @@ def _run_backward(t_outputs, *args, **kwargs):
             for session in sessions:
                 session.failed(error)
             record = None
+        if not _functions_watched and (record is None or record.custom_functions):
+            _watch_functions()
     if record is None:
         return run(t_outputs, *args, **kwargs)
     with _lock:

@@ -248,6 +248,22 @@ def _extension_now():
     return known[1]
 
 
+_advise_module = None  # torch_ctxext._ext.advise_module, once imported
+
+
+def _advise_only_build():
+    """``_ext.advise_module.load()``: the build made for a torch that
+    provides every member itself, or None. The module is imported at the
+    first backward that asks (an import statement run at each backward costs
+    3 to 4 us), and ``load`` looks once per process."""
+    global _advise_module
+    if _advise_module is None:
+        from .._ext import advise_module
+
+        _advise_module = advise_module
+    return _advise_module.load()
+
+
 def _native_watch(roots, input_edges, grad_tensors):
     """The C++ watch of this backward (its walk, its hooks on the built-in
     nodes) and whether it is the advise-only build's (a torch that provides
@@ -260,9 +276,7 @@ def _native_watch(roots, input_edges, grad_tensors):
     watch = getattr(ext, "advise_watch", None)
     alone = False
     if watch is None and ext is None:
-        from .._ext import advise_module
-
-        watch = getattr(advise_module.load(), "advise_watch", None)
+        watch = getattr(_advise_only_build(), "advise_watch", None)
         alone = True
     if watch is None:
         return None, False
@@ -287,12 +301,14 @@ class Backward:
         self._finished = False  # the backward is over: the C++ watch's record is final
         if self.native is not None:
             self.node_ids = set()
+            self.custom_functions = self.native.python_nodes > 0
             # A custom Function producer is named by Python (Slot.native) and
             # seen by the apply wrapper (_watch): its slots are made now, and
             # Python shapes them; else the watch's walk shaped them.
             shaped_by = self.slots if self.native.functions else self.native.shape
         else:
             found, nodes = _python_slots(roots, input_edges)
+            self.custom_functions = any(isinstance(node, BackwardCFunction) for node in nodes.values())
             # Every node this backward may run: for nothing_arrived, which
             # only a torch without the extension asks (the extension tells
             # it itself).

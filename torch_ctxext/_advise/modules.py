@@ -12,15 +12,19 @@ holds its number. Node numbers only ever grow, so reading them changes no
 order the engine sees.
 """
 import bisect
+import functools
 import operator
 import threading
+import weakref
 
 import torch
 
-__all__ = ["ModuleCalls", "ParameterNames", "named_modules"]
+__all__ = ["ModelView", "ModuleCalls", "ParameterNames", "named_modules", "view_of"]
 
 _probe = threading.local()
 _first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
+_is_number = functools.partial(operator.is_not, None)
 _UNKNOWN = object()
 KEPT_FORWARDS = 8  # forwards whose module calls a block keeps (ModuleCalls._close_forward)
 _peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
@@ -35,15 +39,28 @@ def _probe_counter():
     return leaf.view(()).grad_fn._sequence_nr() + 1
 
 
-def _counter():
-    """The next sequence number of this thread, or None when no node would
-    be created (grad mode off) or it cannot be read (a tracer, a mode)."""
-    if not torch.is_grad_enabled():
-        return None
-    try:
-        return _peek() if _peek is not None else _probe_counter()
-    except Exception:  # under torch.compile's tracer, a dispatch mode, ...
-        return None
+_grad_enabled = torch.is_grad_enabled
+
+if _peek is not None:
+
+    def _counter():
+        """The next sequence number of this thread, or None when no node
+        would be created (grad mode off). (Read where every module call of a
+        watched model is: twice a call.)"""
+        return _peek() if _grad_enabled() else None
+
+else:
+
+    def _counter():
+        """The next sequence number of this thread, or None when no node
+        would be created (grad mode off) or it cannot be read (a tracer, a
+        mode)."""
+        if not _grad_enabled():
+            return None
+        try:
+            return _probe_counter()
+        except Exception:  # under torch.compile's tracer, a dispatch mode, ...
+            return None
 
 
 # The model's module calls are timed by a wrapper of ``__call__`` placed, while
@@ -64,25 +81,34 @@ _patch_lock = threading.Lock()
 _wrapped = {}  # class -> how many active blocks time it (under _patch_lock)
 
 
+_Module = torch.nn.Module
+_is_compiling = torch.compiler.is_compiling
+
+
 def _timed_call(self, *args, **kwargs):
     """``__call__`` of a wrapped class while a block is active: a call of a
     module of a watched model is filed with the counter's value before and
     after it (then torch.nn.Module.__call__ runs as it would have). A call
-    that raises is not filed; under torch.compile's tracer nothing is."""
+    that raises is not filed; under torch.compile's tracer nothing is.
+
+    Runs at every call of a watched model's modules (a step of a small
+    transformer makes dozens): names are bound once here, and a call is
+    filed by appending to the block's list (atomic), without a lock."""
     active = _active
+    key = id(self)
     for calls in active:
-        if id(self) in calls.timed:
+        if key in calls.timed:
             break
     else:
-        return torch.nn.Module.__call__(self, *args, **kwargs)
-    if torch.compiler.is_compiling():
-        return torch.nn.Module.__call__(self, *args, **kwargs)
+        return _Module.__call__(self, *args, **kwargs)
+    if _is_compiling():
+        return _Module.__call__(self, *args, **kwargs)
     start = _counter()
-    result = torch.nn.Module.__call__(self, *args, **kwargs)
-    end = _counter()
+    result = _Module.__call__(self, *args, **kwargs)
+    call = (start, _counter(), self)
     for calls in active:
-        if id(self) in calls.timed:
-            calls.filed(start, end, self)
+        if key in calls.timed:
+            calls._new.append(call)
     return result
 
 
@@ -115,6 +141,138 @@ def named_modules(model):
     return out
 
 
+class ModelView:
+    """What advise() reads of a model's structure as a block enters: its
+    modules' paths, its parameters' names (:class:`ParameterNames`), what a
+    description reads of each module (``module_keys``, filled by
+    ``Advise._module_key``) and the last backward a block on the model
+    filed (``last``, ``Advise.add``).
+
+    Kept per model (``view_of``) and used again by the next block while the
+    structure it was read from is unchanged: each module, its class, its
+    children and parameters by name and identity, and for an embedding
+    what its drop-in's residual reads (a training loop enters a block per
+    step: reading names again is a third of an empty block's cost, and a
+    view kept lets a repeated step be recognised by identity). It holds the
+    modules weakly (nothing here keeps a model alive): a module gone makes
+    the view stale."""
+
+    __slots__ = ("names", "paths", "classes", "module_keys", "last", "calls_signature", "_refs",
+                 "_embeddings", "_timed", "_structure", "_fingerprint")
+
+    def __init__(self, model):
+        modules = named_modules(model)
+        self.names = ParameterNames(modules)
+        self.paths = {}  # id(module) -> its first path
+        self._refs = []  # a weak reference to each module, in the order of their first paths
+        for path, module in modules:
+            if id(module) not in self.paths:
+                self.paths[id(module)] = path
+                self._refs.append(weakref.ref(module))
+        self._embeddings = [ref for ref in self._refs if isinstance(ref(), torch.nn.Embedding)]
+        self.classes = frozenset(type(module) for _, module in modules)
+        self.module_keys = {}  # (id(module), its class) -> (what a description reads of it, why no drop-in)
+        self.last = None  # Advise.add's record of the last backward filed on the model
+        self._timed = (None, None)  # (the classes wrapped, {id(module): path} of their modules)
+        self._structure, self.calls_signature = _build_functions()
+        self._fingerprint = self._read()
+
+    def modules(self):
+        """{id(module): module} of every module (alive: the view is current)."""
+        return {id(module): module for module in map(_call, self._refs)}
+
+    def _read(self):
+        """Each module's class, children and parameters (by name and
+        identity), and what an embedding's drop-in reads of it; None where a
+        module is gone."""
+        modules = list(map(_call, self._refs))
+        if None in modules:
+            return None
+        embeddings = []
+        for ref in self._embeddings:
+            module = ref()
+            weight = module.__dict__.get("_parameters", {}).get("weight")
+            embeddings.append((module.sparse, module.padding_idx, module.scale_grad_by_freq,
+                               getattr(weight, "dtype", None), getattr(weight, "shape", None)))
+        return self._structure(modules), embeddings
+
+    def current(self):
+        """Whether the model still has the structure this view was read from."""
+        return self._read() == self._fingerprint
+
+    def timed(self, classes):
+        """{id(module): path} of the modules whose class is in ``classes``."""
+        known, timed = self._timed
+        if known != classes:
+            timed = {i: self.paths[i] for i, module in self.modules().items() if type(module) in classes}
+            self._timed = (classes, timed)
+        return timed
+
+
+_call = operator.call if hasattr(operator, "call") else (lambda ref: ref())  # (3.11+)
+
+
+def _python_structure(modules):
+    """``module_structure`` of the C++ watch's build, in Python (where there
+    is none): the same, as one list."""
+    out = []
+    for module in modules:
+        own = module.__dict__
+        out.append(type(module))
+        for name in ("_modules", "_parameters"):
+            held = own.get(name)
+            if type(held) is not dict:
+                out.append(id(held))
+                continue
+            out.append(len(held))
+            out += held
+            out += map(id, held.values())
+    return out
+
+
+def _python_calls_signature(calls, low):
+    """``calls_signature`` of the C++ watch's build, in Python (where there
+    is none): the same, as one list."""
+    flat = []
+    for start, end, module in calls:
+        flat += (None if start is None else start - low, None if end is None else end - low,
+                 id(module), type(module))
+    return flat
+
+
+def _build_functions():
+    """(module_structure, calls_signature) of the C++ watch's build where
+    this torch has one, else their Python versions (a view keeps the ones
+    it was read with: its fingerprints and signatures are compared only
+    with their own kind)."""
+    from . import graph
+
+    build = graph._extension_now() or graph._advise_only_build()
+    return (getattr(build, "module_structure", None) or _python_structure,
+            getattr(build, "calls_signature", None) or _python_calls_signature)
+
+
+_views = {}  # id(model) -> (weakref to it, its ModelView)
+_views_lock = threading.Lock()
+
+
+def view_of(model):
+    """The model's :class:`ModelView`: the one the last block read where the
+    model's structure is unchanged since, else read now."""
+    with _views_lock:
+        entry = _views.get(id(model))
+    if entry is not None and entry[0]() is model:
+        view = entry[1]
+        if view.current():
+            return view
+    view = ModelView(model)
+    with _views_lock:
+        for i in [i for i, (ref, _) in _views.items() if ref() is None]:
+            del _views[i]  # models gone (their ids may be reused)
+        _views[id(model)] = (weakref.ref(model), view)
+    return view
+
+
 class ModuleCalls:
     """The calls of every module of a model, timed while a block is active
     (``install``/``remove``): the interval of sequence numbers of each call,
@@ -127,24 +285,18 @@ class ModuleCalls:
     the first step's, and its report has one row per tensor, not one per
     tensor per step."""
 
-    def __init__(self, model, modules):
+    def __init__(self, model, view):
         self.model = model
-        self.paths = {}
-        self._modules = {}
-        # ``modules``: model.named_modules(remove_duplicate=False), which
-        # ParameterNames reads too; a module's first path is its name.
-        for path, module in modules:
-            self.paths.setdefault(id(module), path)
-            self._modules[id(module)] = module
+        self.paths = view.paths  # id(module) -> its first path (a module's first path is its name)
+        self._view = view
         self._new = []  # (start, end, module) of the calls filed since the last forward was closed
-        # The last forwards' calls, oldest first, each (start, end, path,
-        # module, call, counts) in the order filed (counts: id(module) ->
-        # calls of it in that forward), with the highest end among them.
+        # The last forwards' calls, oldest first: [calls as filed, the
+        # highest end among them, the calls numbered (_numbered) or None].
         self._kept = []
-        self._intervals = None  # all kept calls, sorted (_sorted), or None: not yet
+        self._intervals = None  # all kept calls numbered and sorted (_sorted), or None: not yet
         self._start_values = []  # their starts
-        self.forward = ()  # the calls of the last forward closed, as filed
-        self.forward_start = None  # the lowest start among them
+        self.forward = ()  # the calls of the last forward closed, as filed: (start, end, module)
+        self._forward_start = None  # the lowest start among them (forward_start), or _UNKNOWN: not read yet
         self.before_forward = None  # the highest end of the kept calls before them
         self._lock = threading.Lock()
         self.timed = {}  # id(module) -> path, of the modules the wrapper times (hooks time the others)
@@ -157,20 +309,21 @@ class ModuleCalls:
         (joining the blocks that wrap them already); hooks on the modules
         whose class cannot be."""
         global _active
-        classes = {type(module) for module in self._modules.values()}
-        wrappable = {cls for cls in classes if _wrappable(cls)}
+        modules = self._view.modules()
+        wrappable = frozenset(cls for cls in self._view.classes if _wrappable(cls))
         with _patch_lock:
             for cls in wrappable:
                 if not _wrapped.get(cls) and cls.__dict__.get("__call__") is not _timed_call:
                     cls.__call__ = _timed_call
                 _wrapped[cls] = _wrapped.get(cls, 0) + 1
             self._classes = tuple(wrappable)
-            self.timed = {i: self.paths[i] for i, module in self._modules.items() if type(module) in wrappable}
+            self.timed = self._view.timed(wrappable)
             _active = _active + (self,)
-        for i, module in self._modules.items():
-            if i not in self.timed:  # (its own __call__ may reach a wrapped one: not timed twice)
-                self._handles.append(module.register_forward_pre_hook(self._pre))
-                self._handles.append(module.register_forward_hook(self._post))
+        if len(self.timed) < len(modules):
+            for i, module in modules.items():
+                if i not in self.timed:  # (its own __call__ may reach a wrapped one: not timed twice)
+                    self._handles.append(module.register_forward_pre_hook(self._pre))
+                    self._handles.append(module.register_forward_hook(self._post))
 
     def remove(self):
         """Stop timing; the last block that wraps a class unwraps it, unless
@@ -191,10 +344,10 @@ class ModuleCalls:
         self._handles = []
 
     def filed(self, start, end, module):
-        with self._lock:
-            # Numbered when the next backward is observed (after the
-            # forwards), sorted only if it is described: not per call.
-            self._new.append((start, end, module))
+        # Numbered where a backward is described (after the forwards), and
+        # sorted only then: not per call, nor per repeated step. (An append
+        # is atomic; _close_forward takes the list under the lock.)
+        self._new.append((start, end, module))
 
     def _pre(self, module, args):
         stack = getattr(self._open, "stack", None)
@@ -218,27 +371,54 @@ class ModuleCalls:
         return len(calls), sum(1 for start, _, _ in calls if start is not None)
 
     def _close_forward(self):
-        """Number the calls filed since the last forward was closed (per
-        module, in the order they returned) and keep them as this forward's;
-        a block keeps its last KEPT_FORWARDS forwards only (a graph older
-        than that is named by its ops alone), so what it holds stays bounded
-        however long it runs. Sorting them for attribution waits until a
-        backward is described (``attribute_all``): a described graph that
-        repeats needs none."""
-        counts = {}  # this forward's calls per module, read at attribution
-        forward = []
-        for start, end, module in self._new:
-            call = counts[id(module)] = counts.get(id(module), 0) + 1
-            if start is not None and end is not None:
-                forward.append((start, end, self.paths.get(id(module), "?"), module, call, counts))
+        """Keep the calls filed since the last forward was closed as this
+        forward's; a block keeps its last KEPT_FORWARDS forwards only (a
+        graph older than that is named by its ops alone), so what it holds
+        stays bounded however long it runs. The highest end of its calls is
+        read at C speed (what ``before_forward`` of the next is made of);
+        numbering them per module, their lowest start and sorting them for
+        attribution wait until a backward is described (``sorted_forward``,
+        ``attribute_all``): a repeated step needs none of it."""
+        forward = self._new
         self._new = []
-        self.before_forward = max((end for _, end in self._kept), default=None)
-        self.forward = tuple(forward)
-        self.forward_start = min((interval[0] for interval in forward), default=None)
-        if forward:
-            self._kept.append((self.forward, max(interval[1] for interval in forward)))
+        self.before_forward = max(map(_second, self._kept), default=None)
+        self.forward = forward
+        self._forward_start = _UNKNOWN
+        # An end read with gradients on, of a call whose start was not, only
+        # raises it: the check it serves (Advise._signature) is then stricter.
+        end = max(filter(_is_number, map(_second, forward)), default=None)
+        if end is not None:
+            self._kept.append([forward, end, None])
             del self._kept[:-KEPT_FORWARDS]
             self._intervals = None
+
+    @property
+    def forward_start(self):
+        """The lowest start among the last forward's calls that have both
+        numbers, or None: it has none."""
+        start = self._forward_start
+        if start is _UNKNOWN:
+            start = self._forward_start = min(
+                (start for start, end, _ in self.forward if start is not None and end is not None), default=None)
+        return start
+
+    def _numbered(self, forward):
+        """A forward's calls as (start, end, path, module, call, counts),
+        those with both numbers, in the order filed: ``call`` counts the
+        module's calls in the order they returned, ``counts`` (id(module)
+        -> calls of it in that forward) is shared by them."""
+        counts = {}
+        numbered = []
+        for start, end, module in forward:
+            call = counts[id(module)] = counts.get(id(module), 0) + 1
+            if start is not None and end is not None:
+                numbered.append((start, end, self.paths.get(id(module), "?"), module, call, counts))
+        return tuple(numbered)
+
+    def _kept_numbered(self, entry):
+        if entry[2] is None:
+            entry[2] = self._numbered(entry[0])
+        return entry[2]
 
     def _sorted(self):
         """The kept calls sorted by (start, -end, -order): an outer call of
@@ -246,13 +426,22 @@ class ModuleCalls:
         and their starts, as plain ints for bisect."""
         if self._intervals is None:
             keyed = []
-            for forward, _ in self._kept:
-                for interval in forward:
+            for entry in self._kept:
+                for interval in self._kept_numbered(entry):
                     keyed.append(((interval[0], -interval[1], -len(keyed)), interval))
             keyed.sort(key=_first)
             self._intervals = [interval for _, interval in keyed]
             self._start_values = [interval[0] for interval in self._intervals]
         return self._start_values, self._intervals
+
+    def last_forward(self):
+        """The calls of the last forward as filed (start, end, module) and
+        the highest end of the calls kept before it (None: none); the
+        forward is closed now."""
+        with self._lock:
+            if self._new:
+                self._close_forward()
+            return self.forward, self.before_forward
 
     def sorted_forward(self):
         """The module calls of the last forward (those filed since the
@@ -263,7 +452,10 @@ class ModuleCalls:
         with self._lock:
             if self._new:
                 self._close_forward()
-            return self.forward, self.forward_start, self.before_forward
+            forward = self.forward
+            kept = self._kept[-1] if self._kept else None
+            numbered = self._kept_numbered(kept) if kept is not None and kept[0] is forward else ()
+            return numbered, self.forward_start, self.before_forward
 
     def attribute_all(self, seqs):
         """(path, module, call) of the innermost call that created the node
@@ -301,7 +493,9 @@ class ModuleCalls:
 
 class ParameterNames:
     """Parameter (and buffer) tensors of a model by identity: their name, the
-    other names a tied one has, and the modules that hold them directly."""
+    other names a tied one has, and the modules that hold them directly (by
+    identity too: kept in a model's view, nothing here keeps a module
+    alive)."""
 
     def __init__(self, modules):
         """``modules``: the model's named_modules(remove_duplicate=False)."""
@@ -322,13 +516,11 @@ class ParameterNames:
                 found = names.get(id(p))
                 if found is None:
                     names[id(p)] = [full]
-                    owners[id(p)] = [module]
+                    owners[id(p)] = {id(module)}
                     continue
                 if full not in found:
                     found.append(full)
-                held = owners[id(p)]
-                if all(m is not module for m in held):
-                    held.append(module)
+                owners[id(p)].add(id(module))
 
     def name(self, tensor):
         names = self.names.get(id(tensor))
@@ -348,7 +540,7 @@ class ParameterNames:
     def owned_by(self, tensor, module, below=False):
         """Whether ``module`` holds ``tensor`` directly (``below``: or one
         of its submodules does)."""
-        owners = self.owners.get(id(tensor), [])
-        if any(m is module for m in owners):
+        owners = self.owners.get(id(tensor), ())
+        if id(module) in owners:
             return True
-        return below and any(m is sub for sub in module.modules() for m in owners)
+        return below and any(id(sub) in owners for sub in module.modules())

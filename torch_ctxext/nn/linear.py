@@ -203,7 +203,7 @@ def through_cpp(name, fuse, *args):
     the C++ Function would not compute alike, ``fuse=False``, while
     ``advise()`` or ``explain()`` observe (they see the Python Function's
     reads) or a tracer runs (it traces the Python Function)."""
-    if fuse and not _explain._observers and not _compiling():
+    if fuse and not _explain._observers and not _explain.advising and not _compiling():
         route = _routes[name] if name in _routes else _find_route(name)
         if route is not None:
             return route(*args)
