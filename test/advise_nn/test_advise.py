@@ -466,9 +466,22 @@ class OwnEmbedding(torch.nn.Embedding):
     pass
 
 
+@pytest.fixture(params=["build", "python"])
+def model_views(request, monkeypatch):
+    """The model's view read with the build's C++ functions (where this
+    torch has a build) or with their Python versions (a torch without one)."""
+    if request.param == "python":
+        monkeypatch.setattr(modules, "_build_functions",
+                            lambda: (modules._python_structure, modules._python_calls_signature))
+    elif modules._build_functions()[0] is modules._python_structure:
+        pytest.skip("no build with advise()'s C++ watch for this torch")
+    monkeypatch.setattr(modules, "_views", {})
+    return request.param
+
+
 @pytest.mark.parametrize("change", ["padding_idx", "replaced module", "fused", "renamed", "replaced parameter",
                                     "class changed"])
-def test_a_described_graph_is_described_afresh_when_what_its_names_read_changed(change):
+def test_a_described_graph_is_described_afresh_when_what_its_names_read_changed(change, model_views):
     model = TwiceEmbedded()
     before = _twice_embedded_step(model)
     assert _twice_embedded_step(model) == before
@@ -536,6 +549,29 @@ def test_the_descriptions_kept_for_reuse_keep_no_model_alive():
     _twice_embedded_step(other)  # a new model's lookup drops the dead one's entries
     assert all(ref() is not None for ref, _ in _advise._DESCRIBED.values())
     assert all(ref() is not None for ref, _ in modules._views.values())  # and its view
+
+
+def test_a_block_per_step_replays_the_last_step_and_reads_the_model_once(model_views, monkeypatch):
+    from torch_ctxext import _advise
+
+    model = TwiceEmbedded()
+    reads, keys = [], []
+    monkeypatch.setattr(modules.ModelView, "__init__", _counting(modules.ModelView.__init__, reads))
+    monkeypatch.setattr(_advise.Advise, "_key", _counting(_advise.Advise._key, keys))
+    first = _twice_embedded_step(model)
+    assert [_twice_embedded_step(model) for _ in range(3)] == [first] * 3
+    assert (len(reads), len(keys)) == (1, 1)  # the later steps: by the view's signature, no key made
+    model.head = torch.nn.Linear(4, 4)  # a new module: the view is read again, the step keyed again
+    _twice_embedded_step(model)
+    assert (len(reads), len(keys)) == (2, 2)
+
+
+def _counting(function, calls):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return function(*args, **kwargs)
+
+    return counted
 
 
 def test_a_block_places_the_custom_functions_watch_only_for_a_backward_that_runs_one():

@@ -299,6 +299,8 @@ class Backward:
         self.native, self.native_keeps_nodes = _native_watch(roots, input_edges, grad_tensors)
         self._slots = None  # [Slot], made where they are read (the C++ watch's: not for a repeated graph)
         self._finished = False  # the backward is over: the C++ watch's record is final
+        # Whether a node of the graph is a custom Function's (a producer of
+        # a slot or not): engine.py wraps their apply only then.
         if self.native is not None:
             self.node_ids = set()
             self.custom_functions = self.native.python_nodes > 0
