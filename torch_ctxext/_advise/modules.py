@@ -309,7 +309,6 @@ class ModuleCalls:
         (joining the blocks that wrap them already); hooks on the modules
         whose class cannot be."""
         global _active
-        modules = self._view.modules()
         wrappable = frozenset(cls for cls in self._view.classes if _wrappable(cls))
         with _patch_lock:
             for cls in wrappable:
@@ -319,8 +318,8 @@ class ModuleCalls:
             self._classes = tuple(wrappable)
             self.timed = self._view.timed(wrappable)
             _active = _active + (self,)
-        if len(self.timed) < len(modules):
-            for i, module in modules.items():
+        if len(self.timed) < len(self.paths):
+            for i, module in self._view.modules().items():
                 if i not in self.timed:  # (its own __call__ may reach a wrapped one: not timed twice)
                     self._handles.append(module.register_forward_pre_hook(self._pre))
                     self._handles.append(module.register_forward_hook(self._post))
