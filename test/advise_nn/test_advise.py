@@ -437,6 +437,25 @@ def test_a_patch_of_a_wrapped_call_made_inside_a_block_stays_after_it(monkeypatc
     assert "__call__" not in torch.nn.Linear.__dict__  # and the next block to exit takes it off
 
 
+def test_a_class_given_a_call_of_its_own_between_two_blocks_is_left_alone_by_the_next(monkeypatch):
+    layer = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(layer):  # the model's view is read here, and kept
+        sum(layer(torch.randn(2, 3)).sum() for _ in range(2)).backward()
+    calls = []
+    stock_call = torch.nn.Module.__call__
+
+    def counting(self, *args, **kwargs):  # as a profiler patches a class
+        calls.append(type(self).__name__)
+        return stock_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Linear, "__call__", counting, raising=False)
+    with torch_ctxext.advise(layer) as report:
+        assert torch.nn.Linear.__call__ is counting  # not wrapped over: its modules get hooks
+        sum(layer(torch.randn(2, 3)).sum() for _ in range(2)).backward()
+    assert torch.nn.Linear.__call__ is counting and calls == ["Linear"] * 2
+    assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2"]
+
+
 def test_bad_input_gets_a_clear_error():
     with pytest.raises(TypeError, match="model must be the torch.nn.Module"):
         torch_ctxext.advise(torch.randn(3))

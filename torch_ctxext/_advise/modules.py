@@ -157,7 +157,7 @@ class ModelView:
     modules weakly (nothing here keeps a model alive): a module gone makes
     the view stale."""
 
-    __slots__ = ("names", "paths", "classes", "module_keys", "last", "calls_signature", "_refs",
+    __slots__ = ("names", "paths", "classes", "module_keys", "last", "calls_signature", "_refs", "_below_module",
                  "_embeddings", "_timed", "_structure", "_fingerprint")
 
     def __init__(self, model):
@@ -171,6 +171,13 @@ class ModelView:
                 self._refs.append(weakref.ref(module))
         self._embeddings = [ref for ref in self._refs if isinstance(ref(), torch.nn.Embedding)]
         self.classes = frozenset(type(module) for _, module in modules)
+        # Every class between those and torch.nn.Module (their MROs'), which
+        # decides whether a class's modules reach Module.__call__ (wrappable).
+        below = {}
+        for cls in self.classes:
+            mro = cls.__mro__
+            below.update(dict.fromkeys(mro[:mro.index(torch.nn.Module)] if torch.nn.Module in mro else mro))
+        self._below_module = tuple(below)
         self.module_keys = {}  # (id(module), its class) -> (what a description reads of it, why no drop-in)
         self.last = None  # Advise.add's record of the last backward filed on the model
         self._timed = (None, None)  # (the classes wrapped, {id(module): path} of their modules)
@@ -200,10 +207,21 @@ class ModelView:
         """Whether the model still has the structure this view was read from."""
         return self._read() == self._fingerprint
 
+    def wrappable(self):
+        """The classes of the model's modules that call torch.nn.Module.__call__
+        (``_wrappable``): all of them, unless a class between one of them and
+        nn.Module has a __call__ of its own (then each is asked). Asked as
+        each block enters: one look into each class's own dictionary."""
+        for klass in self._below_module:
+            own = klass.__dict__.get("__call__")
+            if own is not None and own is not _timed_call:
+                return frozenset(cls for cls in self.classes if _wrappable(cls))
+        return self.classes
+
     def timed(self, classes):
         """{id(module): path} of the modules whose class is in ``classes``."""
         known, timed = self._timed
-        if known != classes:
+        if known is not classes and known != classes:
             timed = {i: self.paths[i] for i, module in self.modules().items() if type(module) in classes}
             self._timed = (classes, timed)
         return timed
@@ -309,7 +327,7 @@ class ModuleCalls:
         (joining the blocks that wrap them already); hooks on the modules
         whose class cannot be."""
         global _active
-        wrappable = frozenset(cls for cls in self._view.classes if _wrappable(cls))
+        wrappable = self._view.wrappable()
         with _patch_lock:
             for cls in wrappable:
                 if not _wrapped.get(cls) and cls.__dict__.get("__call__") is not _timed_call:
