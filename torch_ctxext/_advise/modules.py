@@ -41,26 +41,25 @@ def _probe_counter():
 
 _grad_enabled = torch.is_grad_enabled
 
-if _peek is not None:
 
-    def _counter():
-        """The next sequence number of this thread, or None when no node
-        would be created (grad mode off). (Read where every module call of a
-        watched model is: twice a call.)"""
-        return _peek() if _grad_enabled() else None
+def _probe_read():
+    """_probe_counter, or None where it cannot be read (a tracer, a mode)."""
+    try:
+        return _probe_counter()
+    except Exception:  # under torch.compile's tracer, a dispatch mode, ...
+        return None
 
-else:
 
-    def _counter():
-        """The next sequence number of this thread, or None when no node
-        would be created (grad mode off) or it cannot be read (a tracer, a
-        mode)."""
-        if not _grad_enabled():
-            return None
-        try:
-            return _probe_counter()
-        except Exception:  # under torch.compile's tracer, a dispatch mode, ...
-            return None
+# The next sequence number of this thread, where a node would be created
+# (read where every module call of a watched model is, twice a call: the
+# reader is torch's own function where there is one).
+_read_counter = _peek if _peek is not None else _probe_read
+
+
+def _counter():
+    """The next sequence number of this thread, or None when no node would
+    be created (grad mode off) or it cannot be read."""
+    return _read_counter() if _grad_enabled() else None
 
 
 # The model's module calls are timed by a wrapper of ``__call__`` placed, while
@@ -103,12 +102,14 @@ def _timed_call(self, *args, **kwargs):
         return _Module.__call__(self, *args, **kwargs)
     if _is_compiling():
         return _Module.__call__(self, *args, **kwargs)
-    start = _counter()
+    start = _read_counter() if _grad_enabled() else None
     result = _Module.__call__(self, *args, **kwargs)
-    call = (start, _counter(), self)
-    for calls in active:
-        if key in calls.timed:
-            calls._new.append(call)
+    call = (start, _read_counter() if _grad_enabled() else None, self)
+    calls._new.append(call)
+    if len(active) > 1:  # nested blocks: each that times the module
+        for other in active:
+            if other is not calls and key in other.timed:
+                other._new.append(call)
     return result
 
 
