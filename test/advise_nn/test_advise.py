@@ -186,6 +186,15 @@ def test_a_block_over_several_steps_numbers_each_forwards_calls_from_one():
     assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2", "Linear#3"]
 
 
+def test_a_backward_without_a_slot_still_ends_its_forward_for_the_numbering_of_the_next():
+    layer = torch.nn.Linear(3, 3)
+    with torch_ctxext.advise(layer) as report:
+        layer(torch.randn(2, 3)).sum().backward()  # one gradient each: no slot
+        sum(layer(torch.randn(2, 3)).sum() for _ in range(2)).backward()
+    assert report.backwards == 2
+    assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2"]
+
+
 def test_a_block_kept_open_over_many_steps_reports_as_many_rows_as_one_step():
     cell = torch.nn.LSTMCell(4, 8)
     x = torch.randn(3, 2, 4)

@@ -291,7 +291,12 @@ class Advise:
                 key, cannot = self._key(record)
         if signature is None or key is None:
             ordered = _ordered(record)
-            self._file(record, ordered, self._describe_all(ordered))
+            if ordered:
+                self._file(record, ordered, self._describe_all(ordered))
+            elif self._calls is not None:
+                # No slot (each tensor got one gradient: nothing to name,
+                # nor to attribute): its forward is closed all the same.
+                self._calls.last_forward()
             return
         self._cannot_swap(cannot)
         described = (key, record.create_graph, outcome)
