@@ -138,8 +138,12 @@ def _run_backward(t_outputs, *args, **kwargs):
             _watch_functions()
     if record is None:
         return run(t_outputs, *args, **kwargs)
-    with _lock:
-        _backwards = _backwards + [record]
+    # Listed for the apply wrapper and the buffer reads' observer, which ask
+    # only a backward with a custom Function.
+    listed = record.custom_functions
+    if listed:
+        with _lock:
+            _backwards = _backwards + [record]
     try:
         return run(t_outputs, *args, **kwargs)
     finally:
@@ -152,8 +156,9 @@ def _run_backward(t_outputs, *args, **kwargs):
                     except Exception as error:  # never into the training step
                         session.failed(error)
             finally:
-                with _lock:
-                    _backwards = [b for b in _backwards if b is not record]
+                if listed:
+                    with _lock:
+                        _backwards = [b for b in _backwards if b is not record]
                 record.release()
             # Its slots, producers and arrivals freed before the collector is
             # back: a collection triggered as it comes back would otherwise
