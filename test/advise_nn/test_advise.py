@@ -186,6 +186,16 @@ def test_a_block_over_several_steps_numbers_each_forwards_calls_from_one():
     assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2", "Linear#3"]
 
 
+def test_a_backward_of_a_forward_run_before_the_block_is_observed_without_module_calls():
+    layer = torch.nn.Linear(3, 3)
+    loss = sum(layer(torch.randn(2, 3)).sum() for _ in range(2))
+    with torch_ctxext.advise(layer) as report:
+        loss.backward()
+    assert not report.failures and report.backwards == 1
+    assert report["weight"].temporaries == 1
+    assert [p.module for p in report["weight"].producers] == [None, None]  # no call of it was seen
+
+
 def test_a_backward_without_a_slot_still_ends_its_forward_for_the_numbering_of_the_next():
     layer = torch.nn.Linear(3, 3)
     with torch_ctxext.advise(layer) as report:

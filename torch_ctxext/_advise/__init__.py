@@ -428,7 +428,8 @@ class Advise:
         backward's ``shape``, its leaves (a parameter by identity, another
         tensor by its shape), and whether it made a graph. Equal signatures
         on one view have equal keys. None where a key cannot be made: no
-        model, no shape, or a node numbered before the end of an earlier
+        model, no shape, no module call filed in the block (its forward ran
+        before it), or a node numbered before the end of an earlier
         forward's call (it may be that call's); ``_key`` says None too
         where no module call has both numbers."""
         calls = self._calls
@@ -436,7 +437,7 @@ class Advise:
             return None
         forward, before = calls.last_forward()
         low = record.lowest
-        if before is not None and low < before:
+        if not forward or (before is not None and low < before):
             return None
         names = self._names.names
         leaves = [id(leaf) if id(leaf) in names else tuple(leaf.shape) for leaf in record.leaves()]

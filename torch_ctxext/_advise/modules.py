@@ -314,7 +314,7 @@ class ModuleCalls:
         self._kept = []
         self._intervals = None  # all kept calls numbered and sorted (_sorted), or None: not yet
         self._start_values = []  # their starts
-        self.forward = ()  # the calls of the last forward closed, as filed: (start, end, module)
+        self.forward = []  # the calls of the last forward closed, as filed: (start, end, module)
         self._forward_start = None  # the lowest start among them (forward_start), or _UNKNOWN: not read yet
         self.before_forward = None  # the highest end of the kept calls before them
         self._lock = threading.Lock()
