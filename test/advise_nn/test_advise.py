@@ -513,7 +513,7 @@ def model_views(request, monkeypatch):
                             lambda: (modules._python_structure, modules._python_calls_signature))
     elif modules._build_functions()[0] is modules._python_structure:
         pytest.skip("no build with advise()'s C++ watch for this torch")
-    monkeypatch.setattr(modules, "_views", {})
+    monkeypatch.setattr(modules, "_views", modules.ByModel())
     return request.param
 
 

@@ -19,13 +19,12 @@ bitwise those of the step without it) and no buffer the engine exposes.
 """
 import dataclasses
 import threading
-import weakref
 
 import torch
 
 from . import engine
 from .graph import Backward
-from .modules import ModuleCalls, view_of
+from .modules import ByModel, ModuleCalls, view_of
 from .report import AdviceReport, DropInAdvice, FunctionAdvice, ProducerAdvice, SlotAdvice, account
 from .table import USAGE
 
@@ -102,7 +101,7 @@ _FUSE_INPUT = ("FusedLinear", "FusedConv1D", "FusedGRUCell")  # they also add in
 # the engine's backward. Kept by the key of everything the naming reads, by
 # value (Advise._key); a few per model, dropped with it. By the model's
 # identity (a weak reference), whatever its class's __eq__ and __hash__.
-_DESCRIBED = {}  # id(model) -> (weakref to it, {key: Advise._describe_all's answer})
+_DESCRIBED = ByModel()  # each model's {key: Advise._describe_all's answer}
 _DESCRIBED_PER_MODEL = 8
 _described_lock = threading.Lock()
 # SlotAdvice's counts, in its fields' order (after grad_bytes), less avoidable_peak_bytes
@@ -126,33 +125,26 @@ def _drop_ins():
 
 def _known_descriptions(model):
     """The descriptions kept for ``model`` (under _described_lock)."""
-    entry = _DESCRIBED.get(id(model))
-    if entry is None or entry[0]() is not model:
-        for i in [i for i, (ref, _) in _DESCRIBED.items() if ref() is None]:
-            del _DESCRIBED[i]  # models gone (their ids may be reused)
-        entry = _DESCRIBED[id(model)] = (weakref.ref(model), {})
-    return entry[1]
+    known = _DESCRIBED.of(model)
+    return known if known is not None else _DESCRIBED.put(model, {})
 
 
 # The report of the latest block on each model that observed a backward:
 # what torch_ctxext.nn.fuse(model) swaps in when given nothing else (the
 # report whose "do this" line names it). By the model's identity, dropped with it.
-_LATEST = {}  # id(model) -> (weakref to it, its latest report)
+_LATEST = ByModel()  # each model's latest report
 
 
 def _remember(model, report):
     with _described_lock:
-        for i in [i for i, (ref, _) in _LATEST.items() if ref() is None]:
-            del _LATEST[i]
-        _LATEST[id(model)] = (weakref.ref(model), report)
+        _LATEST.put(model, report)
 
 
 def latest_report(model):
     """The report of the latest ``advise(model)`` block on ``model`` that
     observed a backward, or None."""
     with _described_lock:
-        entry = _LATEST.get(id(model))
-    return entry[1] if entry is not None and entry[0]() is model else None
+        return _LATEST.of(model)
 
 
 def _ordered(record):

@@ -19,7 +19,7 @@ import weakref
 
 import torch
 
-__all__ = ["ModelView", "ModuleCalls", "ParameterNames", "named_modules", "view_of"]
+__all__ = ["ByModel", "ModelView", "ModuleCalls", "ParameterNames", "named_modules", "view_of"]
 
 _probe = threading.local()
 _first = operator.itemgetter(0)
@@ -271,7 +271,26 @@ def _build_functions():
             getattr(build, "calls_signature", None) or _python_calls_signature)
 
 
-_views = {}  # id(model) -> (weakref to it, its ModelView)
+class ByModel(dict):
+    """id(model) -> (a weak reference to it, a value): one value per model,
+    by the model's identity (whatever its class's __eq__ and __hash__),
+    keeping no model alive; the entries of models gone are dropped as
+    another is set (their ids may be reused). Its users hold their own lock."""
+
+    def of(self, model):
+        """The value set for ``model``, or None."""
+        entry = self.get(id(model))
+        return entry[1] if entry is not None and entry[0]() is model else None
+
+    def put(self, model, value):
+        """Set ``model``'s value (and return it)."""
+        for i in [i for i, (ref, _) in self.items() if ref() is None]:
+            del self[i]
+        self[id(model)] = (weakref.ref(model), value)
+        return value
+
+
+_views = ByModel()  # each model's ModelView
 _views_lock = threading.Lock()
 
 
@@ -279,16 +298,12 @@ def view_of(model):
     """The model's :class:`ModelView`: the one the last block read where the
     model's structure is unchanged since, else read now."""
     with _views_lock:
-        entry = _views.get(id(model))
-    if entry is not None and entry[0]() is model:
-        view = entry[1]
-        if view.current():
-            return view
+        view = _views.of(model)
+    if view is not None and view.current():
+        return view
     view = ModelView(model)
     with _views_lock:
-        for i in [i for i, (ref, _) in _views.items() if ref() is None]:
-            del _views[i]  # models gone (their ids may be reused)
-        _views[id(model)] = (weakref.ref(model), view)
+        _views.put(model, view)
     return view
 
 
