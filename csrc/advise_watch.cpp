@@ -120,6 +120,24 @@ struct Crossing {
   py::object kinds[kKinds];
 };
 
+// The crossing's types, read once per crossing object: graph.py hands every
+// watch the same constant class, and reading its seven names again at each
+// backward was half of the watch's constructor on a small graph. Called
+// with the GIL (the watch is made from Python).
+std::shared_ptr<const Crossing> crossing_of(py::handle crossing) {
+  struct Last {
+    py::object object;  // held: its address names no other object while cached
+    std::shared_ptr<const Crossing> read;
+  };
+  static auto* const last = new Last();  // never freed: outlives Python
+  if (!last->read || last->object.ptr() != crossing.ptr()) {
+    auto read = std::make_shared<const Crossing>(crossing);  // a refused crossing leaves the last
+    last->object = py::reinterpret_borrow<py::object>(crossing);
+    last->read = std::move(read);
+  }
+  return last->read;
+}
+
 // The address of a gradient's data (Tensor.data_ptr()), if it has one.
 bool address_of(const at::Tensor& t, uintptr_t& address) {
   try {
@@ -407,13 +425,33 @@ Node* node_from_python(PyObject* obj) {
   return nullptr;
 }
 
-// [(node object, nr) or None] -> [(Node*, nr, the object)] (nullptr where None).
-std::vector<std::tuple<Node*, uint32_t, py::handle>> edges_from_python(const py::sequence& edges) {
-  std::vector<std::tuple<Node*, uint32_t, py::handle>> out;
+// One edge a backward starts from (or an inputs= edge): its node, input
+// number, and what holds the node while the watch is made: the Python node
+// object given, or the reference read from a tensor.
+struct GivenEdge {
+  Node* node;
+  uint32_t nr;
+  py::handle object;  // the node object given, or null
+  NodeRef ref;  // the tensor's gradient edge's node, where a tensor was given
+};
+
+// [a Tensor, a (node object, nr) pair (a GradientEdge), or None] -> their
+// edges (node nullptr where None, or a tensor that requires no gradient).
+// A tensor's edge is the engine's own (its grad_fn, or a leaf's gradient
+// accumulator): no Python node object is made for it, which cost more than
+// a small graph's walk.
+std::vector<GivenEdge> edges_from_python(const py::sequence& edges) {
+  std::vector<GivenEdge> out;
   out.reserve(edges.size());
   for (const auto& item : edges) {
     if (item.is_none()) {
-      out.emplace_back(nullptr, 0, py::handle());
+      out.push_back({nullptr, 0, py::handle(), NodeRef()});
+      continue;
+    }
+    if (THPVariable_Check(item.ptr())) {
+      auto edge = torch::autograd::impl::gradient_edge(THPVariable_Unpack(item.ptr()));
+      Node* node = edge.function.get();
+      out.push_back({node, node != nullptr ? edge.input_nr : 0, py::handle(), std::move(edge.function)});
       continue;
     }
     auto pair = item.cast<py::tuple>();
@@ -422,7 +460,7 @@ std::vector<std::tuple<Node*, uint32_t, py::handle>> edges_from_python(const py:
     if (node == nullptr) {
       throw py::type_error("advise_watch: an edge's node is not an autograd node");
     }
-    out.emplace_back(node, pair[1].cast<uint32_t>(), obj);
+    out.push_back({node, pair[1].cast<uint32_t>(), obj, NodeRef()});
   }
   return out;
 }
@@ -431,8 +469,9 @@ class Watch {
  public:
   Watch(const py::sequence& roots, const py::sequence& inputs, py::handle crossing, bool keep_nodes,
         py::handle grad_tensors)
-      : record_(std::make_shared<Record>()), crossing_(crossing) {
-    walk(edges_from_python(roots));
+      : record_(std::make_shared<Record>()), crossing_(crossing_of(crossing)) {
+    roots_ = edges_from_python(roots);
+    walk(roots_);
     const auto input_edges = edges_from_python(inputs);
     const bool restricted = !input_edges.empty();
     ska::flat_hash_set<Node*> running;
@@ -475,6 +514,7 @@ class Watch {
       refs_ = {};
     }
     root_objects_.clear();
+    roots_.clear();
   }
 
   // A watch Python drops unfinished (its backward failed to start) stops
@@ -550,7 +590,7 @@ class Watch {
     static auto* const last = new LastOutcome();  // never freed: outlives Python
     bool same = last->tuple && last->slots == now;
     for (size_t k = 0; same && k < kKinds; ++k) {
-      same = last->kinds[k] == crossing_.kinds[k].ptr();
+      same = last->kinds[k] == crossing_->kinds[k].ptr();
     }
     if (same) {
       return py::reinterpret_borrow<py::tuple>(last->tuple);
@@ -561,14 +601,14 @@ class Watch {
       py::tuple arrivals(o.arrivals.size());
       for (size_t j = 0; j < o.arrivals.size(); ++j) {
         const auto& a = o.arrivals[j];
-        arrivals[j] = py::make_tuple(a.producer, crossing_.kinds[a.kind], a.bytes, a.stock_view);
+        arrivals[j] = py::make_tuple(a.producer, crossing_->kinds[a.kind], a.bytes, a.stock_view);
       }
       out[i] = py::make_tuple(std::move(arrivals), o.out_of_place,
                               o.has_bytes ? py::object(py::int_(o.bytes)) : py::object(py::none()));
     }
     last->slots = std::move(now);
     for (size_t k = 0; k < kKinds; ++k) {
-      last->kinds[k] = crossing_.kinds[k].ptr();
+      last->kinds[k] = crossing_->kinds[k].ptr();
     }
     last->tuple = out;
     return out;
@@ -593,6 +633,19 @@ class Watch {
   }
 
   void finish() { record_->armed.store(false, std::memory_order_release); }
+
+  // What Python reads of the walk as the watch is made, in one call (each
+  // read from Python goes through pybind11's dispatcher, which a small
+  // graph's backward pays in misses more than in work): how many slots,
+  // python_nodes(), functions(), shape().
+  py::tuple walked() const { return py::make_tuple(slots_.size(), python_nodes_, functions_, shape_); }
+
+  // finish(), then what kept the backward from being seen, in one call:
+  // (compiled(), error()).
+  py::tuple close() {
+    finish();
+    return py::make_tuple(compiled(), error());
+  }
 
   // Whether the node `obj` stands for (a built-in node or a ctx) is one the
   // walk reached (a watch made with keep_nodes; the nodes are alive while
@@ -622,11 +675,11 @@ class Watch {
       py::list arrivals(s.arrivals.size());
       size_t j = 0;
       for (const auto& a : s.arrivals) {
-        arrivals[j++] = Crossing::make(crossing_.arrival,
-                                       py::make_tuple(a.producer, crossing_.kinds[a.kind], a.bytes, a.stock_view));
+        arrivals[j++] = Crossing::make(crossing_->arrival,
+                                       py::make_tuple(a.producer, crossing_->kinds[a.kind], a.bytes, a.stock_view));
       }
       out[i++] = Crossing::make(
-          crossing_.outcome,
+          crossing_->outcome,
           py::make_tuple(std::move(arrivals), s.given,
                          s.has_first ? py::object(py::int_(s.first_address)) : py::object(py::none()),
                          s.has_final ? py::object(py::int_(s.final_address)) : py::object(py::none()),
@@ -654,7 +707,7 @@ class Watch {
 
   // graph.py's _walk, in the same order (depth first from the last root,
   // edges in order): the slots and their producers come out as Python's did.
-  void walk(const std::vector<std::tuple<Node*, uint32_t, py::handle>>& roots) {
+  void walk(const std::vector<GivenEdge>& roots) {
     // Sized as the last walk's graph (a training loop's steps walk graphs
     // of one size): growing the tables as the walk goes was a fifth of it.
     static std::atomic<size_t> last_edges{0}, last_nodes{0};
@@ -663,13 +716,17 @@ class Watch {
     refs_.reserve(last_nodes.load(std::memory_order_relaxed));
     std::vector<Node*> stack;
     for (size_t k = 0; k < roots.size(); ++k) {
-      const auto& [node, nr, obj] = roots[k];
+      const auto& root = roots[k];
+      Node* node = root.node;
       if (node == nullptr) {
         continue;
       }
-      add_edge(node, nr, Producer{nullptr, k});
-      if (refs_.emplace(node, nullptr).second) {
-        root_objects_.emplace(node, obj);
+      add_edge(node, root.nr, Producer{nullptr, k});
+      // A root's node is held by what was given (roots_, until constructed).
+      if (refs_.emplace(node, root.object ? nullptr : &root.ref).second) {
+        if (root.object) {
+          root_objects_.emplace(node, root.object);
+        }
         stack.push_back(node);
         python_nodes_ += is_python_function(node);
       }
@@ -697,7 +754,7 @@ class Watch {
 
   // graph.py's _leading_to: with inputs= the engine runs only the nodes on a
   // path to an input.
-  ska::flat_hash_set<Node*> leading_to(const std::vector<std::tuple<Node*, uint32_t, py::handle>>& inputs) {
+  ska::flat_hash_set<Node*> leading_to(const std::vector<GivenEdge>& inputs) {
     ska::flat_hash_map<Node*, std::vector<Node*>> parents;
     for (const auto& edge : edges_) {
       if (edge.producer.node != nullptr) {
@@ -706,9 +763,9 @@ class Watch {
     }
     ska::flat_hash_set<Node*> running;
     std::vector<Node*> queue;
-    for (const auto& [node, nr, obj] : inputs) {
-      if (node != nullptr && running.insert(node).second) {
-        queue.push_back(node);
+    for (const auto& input : inputs) {
+      if (input.node != nullptr && running.insert(input.node).second) {
+        queue.push_back(input.node);
       }
     }
     while (!queue.empty()) {
@@ -852,11 +909,11 @@ class Watch {
           values = py::make_tuple(op_name(producer.node).name, producer.node->sequence_nr(), py::none(),
                                   producer.position);
         }
-        python_producers[p] = Crossing::make(crossing_.producer, std::move(values));
+        python_producers[p] = Crossing::make(crossing_->producer, std::move(values));
       }
       // A leaf's slot (its AccumulateGrad) has no number: Python reads its variable.
       out[s] = Crossing::make(
-          crossing_.found,
+          crossing_->found,
           py::make_tuple(python_object(held_[s]), key.nr, std::move(python_producers), op.name,
                          op.leaf ? py::object(py::none()) : py::object(py::int_(key.node->sequence_nr())),
                          metadata_bytes(*key.node, key.nr), functions));
@@ -965,13 +1022,14 @@ class Watch {
   };
 
   std::shared_ptr<Record> record_;
-  Crossing crossing_;
+  std::shared_ptr<const Crossing> crossing_;
   std::vector<EdgeRecord> edges_;  // every edge the walk found, in order
   ska::flat_hash_map<SlotKey, uint32_t, SlotKeyHash> counts_;  // producers per slot
-  // Every node the walk reached, and its reference (nullptr for a root's node);
+  // Every node the walk reached, and its reference (nullptr for a root given as a node object);
   // after construction only its keys are read (contains), and only where kept.
   ska::flat_hash_map<Node*, const NodeRef*> refs_;
-  std::unordered_map<Node*, py::handle> root_objects_;  // while constructing
+  std::vector<GivenEdge> roots_;  // while constructing
+  std::unordered_map<Node*, py::handle> root_objects_;  // while constructing: the roots given as node objects
   // The slots and their producers, and what the Python view names, held.
   std::vector<std::pair<SlotKey, std::vector<Producer>>> slots_;
   std::vector<Held> held_;  // each slot's consumer
@@ -1076,6 +1134,8 @@ void bind_advise_watch(py::module_& m) {
       .def("arrive", &Watch::arrive, py::arg("slot"), py::arg("producer"), py::arg("gradient"),
            py::arg("fused") = false, py::arg("stock_view") = false)
       .def("finish", &Watch::finish)
+      .def("walked", &Watch::walked)
+      .def("close", &Watch::close)
       .def("contains", &Watch::contains, py::arg("node"))
       .def("given", &Watch::given, py::arg("slot"))
       .def("results", &Watch::results)
@@ -1095,7 +1155,7 @@ void bind_advise_watch(py::module_& m) {
       },
       py::arg("roots"), py::arg("inputs"), py::arg("crossing"), py::arg("keep_nodes") = false,
       py::arg("grad_tensors") = py::none(),
-      "Walk a backward's graph from its roots ([(node, nr) or None]; inputs: "
+      "Walk a backward's graph from its roots ([a Tensor, (node, nr) or None]; inputs: "
       "the inputs= edges, or empty) and watch the slots two or more producers "
       "feed: an AdviseWatch. crossing: the types its fields cross as and "
       "the kinds of an arrival, by name (torch_ctxext._advise.graph.CROSSING). "

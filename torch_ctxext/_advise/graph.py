@@ -264,12 +264,13 @@ def _advise_only_build():
     return _advise_module.load()
 
 
-def _native_watch(roots, input_edges, grad_tensors):
-    """The C++ watch of this backward (its walk, its hooks on the built-in
-    nodes) and whether it is the advise-only build's (a torch that provides
-    every member itself, whose explain() needs the nodes: it keeps them), or
-    (None, False) where Python's must do. The root gradients
-    (``grad_tensors``) have arrived in its slots."""
+def _native_watch(roots, inputs, grad_tensors):
+    """The C++ watch of the backward from ``roots`` (tensors or gradient
+    edges; ``inputs``: its inputs= ones, or empty): its walk, its hooks on
+    the built-in nodes, and whether it is the advise-only build's (a torch
+    that provides every member itself, whose explain() needs the nodes: it
+    keeps them), or (None, False) where Python's must do. The root
+    gradients (``grad_tensors``) have arrived in its slots."""
     if _compiled_autograd_on():
         return None, False
     ext = _extension_now()
@@ -281,7 +282,7 @@ def _native_watch(roots, input_edges, grad_tensors):
     if watch is None:
         return None, False
     try:
-        return watch(roots, input_edges, CROSSING, alone, grad_tensors), alone
+        return watch(roots, inputs, CROSSING, alone, grad_tensors), alone
     except (TypeError, ValueError):  # an edge it cannot read: Python's walk reads any
         return None, False
 
@@ -294,22 +295,26 @@ class Backward:
         self.lock = threading.Lock()
         self.handles = []
         self.problems = []  # what kept this backward from being fully seen
-        roots = [_edge(t) for t in t_outputs]
-        input_edges = [_edge(t) for t in inputs] if inputs else []
-        self.native, self.native_keeps_nodes = _native_watch(roots, input_edges, grad_tensors)
+        # The C++ watch reads each tensor's edge itself (Python's _edge makes
+        # a node object per root: as long as a small graph's walk).
+        self.native, self.native_keeps_nodes = _native_watch(t_outputs, inputs or (), grad_tensors)
         self._slots = None  # [Slot], made where they are read (the C++ watch's: not for a repeated graph)
         self._finished = False  # the backward is over: the C++ watch's record is final
         # Whether a node of the graph is a custom Function's (a producer of
         # a slot or not): engine.py wraps their apply only then.
         if self.native is not None:
             self.node_ids = set()
-            self.custom_functions = self.native.python_nodes > 0
+            count, python_nodes, functions, shape = self.native.walked()
+            self.custom_functions = python_nodes > 0
+            if not count:  # no slot: nothing to make, fill or read back (accumulation's backwards)
+                self._slots = []
             # A custom Function producer is named by Python (Slot.native) and
             # seen by the apply wrapper (_watch): its slots are made now, and
             # Python shapes them; else the watch's walk shaped them.
-            shaped_by = self.slots if self.native.functions else self.native.shape
+            shaped_by = self.slots if functions else shape
         else:
-            found, nodes = _python_slots(roots, input_edges)
+            roots = [_edge(t) for t in t_outputs]
+            found, nodes = _python_slots(roots, [_edge(t) for t in inputs] if inputs else [])
             self.custom_functions = any(isinstance(node, BackwardCFunction) for node in nodes.values())
             # Every node this backward may run: for nothing_arrived, which
             # only a torch without the extension asks (the extension tells
@@ -467,15 +472,15 @@ class Backward:
         native = self.native
         if native is None:
             return
-        native.finish()
+        compiled, error = native.close()
         self._finished = True
-        if self._slots is not None:
+        if self._slots:
             self._fill(native.results())
-        if native.compiled:
+        if compiled:
             self.problems.append("it ran under compiled autograd, which calls no C++ hook: "
                                  "what reached its slots was not seen")
-        if native.error is not None:
-            self.problems.append(f"a gradient could not be read: {native.error}")
+        if error is not None:
+            self.problems.append(f"a gradient could not be read: {error}")
 
     def _fill(self, outcomes):
         for slot, outcome in zip(self._slots, outcomes):
