@@ -395,13 +395,14 @@ def test_blocks_nest_and_the_last_to_exit_restores_torch():
 
 def test_nested_blocks_each_name_their_own_models_calls_and_the_last_unwraps_their_classes():
     first, second = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
-    assert "__call__" not in torch.nn.Linear.__dict__
+    stock = (torch.nn.Module.__dict__["__call__"], torch.nn.Module.__dict__["_call_impl"])
+    assert "_call_impl" not in torch.nn.Linear.__dict__
     with torch_ctxext.advise(first) as outer:
         with torch_ctxext.advise(second) as inner:
             sum(first(second(torch.randn(2, 3) * k)).sum() for k in range(2)).backward()
-        assert "__call__" in torch.nn.Linear.__dict__  # the outer block still times its calls
-    assert "__call__" not in torch.nn.Linear.__dict__
-    assert torch.nn.Module.__dict__["__call__"] is torch.nn.Module._wrapped_call_impl  # never touched
+        assert "_call_impl" in torch.nn.Linear.__dict__  # the outer block still times its calls
+    assert "_call_impl" not in torch.nn.Linear.__dict__ and "__call__" not in torch.nn.Linear.__dict__
+    assert (torch.nn.Module.__dict__["__call__"], torch.nn.Module.__dict__["_call_impl"]) == stock  # never touched
     assert sorted(p.module for p in inner["weight"].producers) == ["Linear#1", "Linear#2"]
     assert sorted(p.module for p in outer["weight"].producers) == ["Linear#1", "Linear#2"]
 
@@ -431,29 +432,29 @@ def test_a_module_whose_class_has_its_own_call_is_named_once_per_call():
         sum(model(torch.randn(2, 3)).sum() for _ in range(2)).backward()
     assert sorted(p.module for p in report["0.weight"].producers) == ["0#1", "0#2"]
     assert sorted(p.module for p in report["1.weight"].producers) == ["1#1", "1#2"]
-    assert "__call__" not in torch.nn.Linear.__dict__ and not model[0]._forward_hooks
+    assert "_call_impl" not in torch.nn.Linear.__dict__ and not model[0]._forward_hooks
 
 
 def test_a_patch_of_a_wrapped_call_made_inside_a_block_stays_after_it(monkeypatch):
     layer = torch.nn.Linear(3, 3)
     calls = []
     with torch_ctxext.advise(layer) as report:
-        inside = torch.nn.Linear.__call__
+        inside = torch.nn.Linear._call_impl
 
         def counting(self, *args, **kwargs):
             calls.append(type(self).__name__)
             return inside(self, *args, **kwargs)
 
-        monkeypatch.setattr(torch.nn.Linear, "__call__", counting)
+        monkeypatch.setattr(torch.nn.Linear, "_call_impl", counting)
         sum(layer(torch.randn(2, 3)).sum() for _ in range(2)).backward()
-    assert torch.nn.Linear.__call__ is counting
+    assert torch.nn.Linear._call_impl is counting
     layer(torch.randn(2, 3))  # the wrapper left under it passes the call through
     assert calls == ["Linear"] * 3
     assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2"]
     monkeypatch.undo()  # the other patch taken off: the wrapper is back, passing calls through
     with torch_ctxext.advise(layer):
         pass
-    assert "__call__" not in torch.nn.Linear.__dict__  # and the next block to exit takes it off
+    assert "_call_impl" not in torch.nn.Linear.__dict__  # and the next block to exit takes it off
 
 
 def test_a_class_given_a_call_of_its_own_between_two_blocks_is_left_alone_by_the_next(monkeypatch):
@@ -473,6 +474,36 @@ def test_a_class_given_a_call_of_its_own_between_two_blocks_is_left_alone_by_the
         sum(layer(torch.randn(2, 3)).sum() for _ in range(2)).backward()
     assert torch.nn.Linear.__call__ is counting and calls == ["Linear"] * 2
     assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2"]
+
+
+@pytest.mark.parametrize("patched", ["__call__", "_call_impl"])
+def test_a_class_given_a_call_of_its_own_inside_the_model_is_timed_by_hooks(patched, monkeypatch):
+    layer = torch.nn.Linear(3, 3)
+    original = getattr(torch.nn.Module, patched)
+    monkeypatch.setattr(torch.nn.Linear, patched, lambda self, *a, **k: original(self, *a, **k), raising=False)
+    patch = torch.nn.Linear.__dict__[patched]
+    with torch_ctxext.advise(layer) as report:
+        assert torch.nn.Linear.__dict__[patched] is patch and layer._forward_hooks
+        sum(layer(torch.randn(2, 3)).sum() for _ in range(2)).backward()
+    assert torch.nn.Linear.__dict__[patched] is patch and not layer._forward_hooks
+    assert sorted(p.module for p in report["weight"].producers) == ["Linear#1", "Linear#2"]
+
+
+def test_a_module_compiled_in_place_is_named_once_per_call():
+    if not torch._dynamo.is_dynamo_supported():
+        pytest.skip("torch.compile does not run on this Python")
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    model[0].compile(backend="eager")  # its calls go to the compiled function, not to _call_impl
+    with torch_ctxext.advise(model) as report:
+        assert "__call__" in torch.nn.Linear.__dict__  # for the compiled module
+        sum(model(torch.randn(2, 3)).sum() for _ in range(2)).backward()
+    assert sorted(p.module for p in report["0.weight"].producers) == ["0#1", "0#2"]
+    assert sorted(p.module for p in report["1.weight"].producers) == ["1#1", "1#2"]
+    assert "__call__" not in torch.nn.Linear.__dict__ and "_call_impl" not in torch.nn.Linear.__dict__
+    model[1].compile(backend="eager")  # between two blocks: the next reads the model afresh
+    with torch_ctxext.advise(model) as report:
+        sum(model(torch.randn(2, 3)).sum() for _ in range(2)).backward()
+    assert sorted(p.module for p in report["1.weight"].producers) == ["1#1", "1#2"]
 
 
 def test_bad_input_gets_a_clear_error():

@@ -3,7 +3,7 @@
 A node's sequence number is taken from a per-thread counter when the node is
 created, so the nodes a module's call creates are exactly those numbered
 from the counter's value when the call starts up to (not including) its
-value when it ends. The wrapper of ``__call__`` below (placed on the
+value when it ends. The wrapper of ``_call_impl`` below (placed on the
 model's module classes while a block is active) reads the counter at both ends
 (``torch._C._autograd._get_sequence_nr()``, which reads it without creating
 a node; where a release lacks it, by creating one throwaway node) and keep
@@ -62,33 +62,41 @@ def _counter():
     return _read_counter() if _grad_enabled() else None
 
 
-# The model's module calls are timed by a wrapper of ``__call__`` placed, while
-# a block is active, on each class the model's modules have (``Linear``,
-# ``LSTMCell``, the model's own...), shared by the active blocks. Global
-# forward hooks (torch.nn.modules.module.register_module_forward_hook) did the
-# same, but they send every module call, in the model or not, down the slow
-# path of Module._call_impl: 7 to 9 us a call on the unrolled LSTMCell (34
-# calls, 0.3 ms of a 9 ms forward) before the hooks themselves. Wrapping
-# torch.nn.Module.__call__ itself instead costs 40 to 80 us at each block's
-# entry and exit (setting an attribute of a class invalidates the method
-# caches of all its subclasses: hundreds for nn.Module); one of a leaf class
-# such as Linear, under 1 us. A class that has a __call__ of its own between
-# it and nn.Module (torch.compile's OptimizedModule) is left alone: its
-# modules get a pair of forward hooks of their own.
+# The model's module calls are timed by a wrapper of ``_call_impl`` (what
+# torch.nn.Module.__call__ calls) placed, while a block is active, on each
+# class the model's modules have (``Linear``, ``LSTMCell``, the model's
+# own...), shared by the active blocks. Global forward hooks
+# (torch.nn.modules.module.register_module_forward_hook) did the same, but
+# they send every module call, in the model or not, down the slow path of
+# Module._call_impl: 7 to 9 us a call on the unrolled LSTMCell (34 calls, 0.3
+# ms of a 9 ms forward) before the hooks themselves. Wrapping
+# torch.nn.Module's own costs 40 to 80 us at each block's entry and exit
+# (setting an attribute of a class invalidates the method caches of all its
+# subclasses: hundreds for nn.Module); one of a leaf class such as Linear,
+# a few us. ``_call_impl`` rather than ``__call__``: setting a dunder also
+# updates the type's slot in each subclass, looking the name up through
+# their MROs (3 to 5 times longer: 39 -> 8 us and 8 -> 2 us to wrap and
+# unwrap the 4 backwards model's three classes after a step). A module
+# compiled in place (Module.compile()) calls its compiled function instead
+# of _call_impl: its class also gets a wrapper of ``__call__``, which times
+# those modules alone. A class that has a __call__ or _call_impl of its own
+# between it and nn.Module (torch.compile's OptimizedModule) is left alone:
+# its modules get a pair of forward hooks of their own.
 _active = ()  # the ModuleCalls of the active blocks; replaced, never mutated
 _patch_lock = threading.Lock()
-_wrapped = {}  # class -> how many active blocks time it (under _patch_lock)
+_wrapped = {}  # (class, attribute) -> how many active blocks time it (under _patch_lock)
 
 
 _Module = torch.nn.Module
+_call_impl = torch.nn.Module._call_impl
 _is_compiling = torch.compiler.is_compiling
 
 
-def _timed_call(self, *args, **kwargs):
-    """``__call__`` of a wrapped class while a block is active: a call of a
-    module of a watched model is filed with the counter's value before and
-    after it (then torch.nn.Module.__call__ runs as it would have). A call
-    that raises is not filed; under torch.compile's tracer nothing is.
+def _timed_call_impl(self, *args, **kwargs):
+    """``_call_impl`` of a wrapped class while a block is active: a call of
+    a module of a watched model is filed with the counter's value before
+    and after it (then torch.nn.Module._call_impl runs as it would have). A
+    call that raises is not filed; under torch.compile's tracer nothing is.
 
     Runs at every call of a watched model's modules (a step of a small
     transformer makes dozens): names are bound once here, and a call is
@@ -99,11 +107,11 @@ def _timed_call(self, *args, **kwargs):
         if key in calls.timed:
             break
     else:
-        return _Module.__call__(self, *args, **kwargs)
+        return _call_impl(self, *args, **kwargs)
     if _is_compiling():
-        return _Module.__call__(self, *args, **kwargs)
+        return _call_impl(self, *args, **kwargs)
     start = _read_counter() if _grad_enabled() else None
-    result = _Module.__call__(self, *args, **kwargs)
+    result = _call_impl(self, *args, **kwargs)
     call = (start, _read_counter() if _grad_enabled() else None, self)
     calls._new.append(call)
     if len(active) > 1:  # nested blocks: each that times the module
@@ -113,14 +121,43 @@ def _timed_call(self, *args, **kwargs):
     return result
 
 
+def _timed_compiled_call(self, *args, **kwargs):
+    """``__call__`` of a wrapped class that has modules compiled in place
+    (``Module.compile()``: their calls reach the compiled function, not
+    _call_impl), while a block is active: the calls of those modules are
+    filed as _timed_call_impl files the others' (which it passes through)."""
+    key = id(self)
+    if _is_compiling() or not any(key in calls.compiled for calls in _active):
+        return _Module.__call__(self, *args, **kwargs)
+    start = _counter()
+    result = _Module.__call__(self, *args, **kwargs)
+    call = (start, _counter(), self)
+    for calls in _active:
+        if key in calls.compiled:
+            calls._new.append(call)
+    return result
+
+
+_WRAPPERS = {"_call_impl": _timed_call_impl, "__call__": _timed_compiled_call}
+
+
+def _own_call(klass):
+    """Whether ``klass`` has a __call__ or _call_impl of its own (not a wrapper)."""
+    own = klass.__dict__
+    for name, wrapper in _WRAPPERS.items():
+        found = own.get(name)
+        if found is not None and found is not wrapper:
+            return True
+    return False
+
+
 def _wrappable(cls):
-    """Whether ``cls`` calls torch.nn.Module.__call__ (no class between them
-    has a __call__ of its own, but the wrapper)."""
+    """Whether ``cls`` calls torch.nn.Module.__call__ and _call_impl (no
+    class between them has either of its own, but the wrappers)."""
     for klass in cls.__mro__:
         if klass is torch.nn.Module:
             return True
-        own = klass.__dict__.get("__call__")
-        if own is not None and own is not _timed_call:
+        if _own_call(klass):
             return False
     return False
 
@@ -159,7 +196,7 @@ class ModelView:
     the view stale."""
 
     __slots__ = ("names", "paths", "classes", "module_keys", "last", "calls_signature", "_refs", "_below_module",
-                 "_embeddings", "_timed", "_structure", "_fingerprint")
+                 "_embeddings", "_compiled", "_timed", "_structure", "_fingerprint")
 
     def __init__(self, model):
         modules = named_modules(model)
@@ -171,9 +208,13 @@ class ModelView:
                 self.paths[id(module)] = path
                 self._refs.append(weakref.ref(module))
         self._embeddings = [ref for ref in self._refs if isinstance(ref(), torch.nn.Embedding)]
+        # The modules compiled in place (their structure holds the compiled function).
+        self._compiled = frozenset(id(ref()) for ref in self._refs
+                                   if ref().__dict__.get("_compiled_call_impl") is not None)
         self.classes = frozenset(type(module) for _, module in modules)
         # Every class between those and torch.nn.Module (their MROs'), which
-        # decides whether a class's modules reach Module.__call__ (wrappable).
+        # decides whether a class's modules reach Module.__call__ and
+        # _call_impl (wrappable).
         below = {}
         for cls in self.classes:
             mro = cls.__mro__
@@ -181,7 +222,7 @@ class ModelView:
         self._below_module = tuple(below)
         self.module_keys = {}  # (id(module), its class) -> (what a description reads of it, why no drop-in)
         self.last = None  # Advise.add's record of the last backward filed on the model
-        self._timed = (None, None)  # (the classes wrapped, {id(module): path} of their modules)
+        self._timed = (None, None)  # (the classes wrapped, ``timed``'s answer for them)
         self._structure, self.calls_signature = _build_functions()
         self._fingerprint = self._read()
 
@@ -210,20 +251,30 @@ class ModelView:
 
     def wrappable(self):
         """The classes of the model's modules that call torch.nn.Module.__call__
-        (``_wrappable``): all of them, unless a class between one of them and
-        nn.Module has a __call__ of its own (then each is asked). Asked as
-        each block enters: one look into each class's own dictionary."""
+        and _call_impl (``_wrappable``): all of them, unless a class between
+        one of them and nn.Module has either of its own (then each is
+        asked). Asked as each block enters: a look into each class's own
+        dictionary."""
         for klass in self._below_module:
-            own = klass.__dict__.get("__call__")
-            if own is not None and own is not _timed_call:
+            if _own_call(klass):
                 return frozenset(cls for cls in self.classes if _wrappable(cls))
         return self.classes
 
     def timed(self, classes):
-        """{id(module): path} of the modules whose class is in ``classes``."""
+        """Of the modules whose class is in ``classes``: {id(module): path} of
+        those _timed_call_impl times, the same of those compiled in place
+        (_timed_compiled_call times them), and the classes of the latter."""
         known, timed = self._timed
         if known is not classes and known != classes:
-            timed = {i: self.paths[i] for i, module in self.modules().items() if type(module) in classes}
+            by_impl, compiled, compiled_classes = {}, {}, set()
+            for i, module in self.modules().items():
+                if type(module) in classes:
+                    if i in self._compiled:
+                        compiled[i] = self.paths[i]
+                        compiled_classes.add(type(module))
+                    else:
+                        by_impl[i] = self.paths[i]
+            timed = by_impl, compiled, tuple(compiled_classes)
             self._timed = (classes, timed)
         return timed
 
@@ -237,7 +288,7 @@ def _python_structure(modules):
     out = []
     for module in modules:
         own = module.__dict__
-        out.append(type(module))
+        out += (type(module), id(own.get("_compiled_call_impl")))
         for name in ("_modules", "_parameters"):
             held = own.get(name)
             if type(held) is not dict:
@@ -333,45 +384,51 @@ class ModuleCalls:
         self._forward_start = None  # the lowest start among them (forward_start), or _UNKNOWN: not read yet
         self.before_forward = None  # the highest end of the kept calls before them
         self._lock = threading.Lock()
-        self.timed = {}  # id(module) -> path, of the modules the wrapper times (hooks time the others)
-        self._classes = ()  # the classes this block wrapped (or joined)
+        self.timed = {}  # id(module) -> path, of the modules _timed_call_impl times (hooks time the others)
+        self.compiled = {}  # the same, of those compiled in place, which _timed_compiled_call times
+        self._wrapped = ()  # the (class, attribute) this block wrapped (or joined)
         self._handles = []  # the hooks of modules whose class it could not wrap
         self._open = threading.local()  # their calls under way, per thread
 
     def install(self):
-        """Time this model's calls: wrap the __call__ of its modules' classes
+        """Time this model's calls: wrap the _call_impl of its modules'
+        classes, and the __call__ of those with modules compiled in place
         (joining the blocks that wrap them already); hooks on the modules
         whose class cannot be."""
         global _active
         wrappable = self._view.wrappable()
+        timed, compiled, compiled_classes = self._view.timed(wrappable)
+        wrapped = (*[(cls, "_call_impl") for cls in wrappable], *[(cls, "__call__") for cls in compiled_classes])
         with _patch_lock:
-            for cls in wrappable:
-                if not _wrapped.get(cls) and cls.__dict__.get("__call__") is not _timed_call:
-                    cls.__call__ = _timed_call
-                _wrapped[cls] = _wrapped.get(cls, 0) + 1
-            self._classes = tuple(wrappable)
-            self.timed = self._view.timed(wrappable)
+            for cls, attribute in wrapped:
+                wrapper = _WRAPPERS[attribute]
+                if not _wrapped.get((cls, attribute)) and cls.__dict__.get(attribute) is not wrapper:
+                    setattr(cls, attribute, wrapper)
+                _wrapped[cls, attribute] = _wrapped.get((cls, attribute), 0) + 1
+            self._wrapped = wrapped
+            self.timed, self.compiled = timed, compiled
             _active = _active + (self,)
-        if len(self.timed) < len(self.paths):
+        if len(timed) + len(compiled) < len(self.paths):
             for i, module in self._view.modules().items():
-                if i not in self.timed:  # (its own __call__ may reach a wrapped one: not timed twice)
+                # (its own __call__ may reach a wrapped one: not timed twice)
+                if i not in timed and i not in compiled:
                     self._handles.append(module.register_forward_pre_hook(self._pre))
                     self._handles.append(module.register_forward_hook(self._post))
 
     def remove(self):
         """Stop timing; the last block that wraps a class unwraps it, unless
-        another patch of its __call__ went on top (it then stays)."""
+        another patch of the same attribute went on top (it then stays)."""
         global _active
         with _patch_lock:
             _active = tuple(calls for calls in _active if calls is not self)
-            for cls in self._classes:
-                _wrapped[cls] -= 1
-                if not _wrapped[cls]:
-                    del _wrapped[cls]
-                    if cls.__dict__.get("__call__") is _timed_call:
-                        del cls.__call__
-            self._classes = ()
-            self.timed = {}
+            for cls, attribute in self._wrapped:
+                _wrapped[cls, attribute] -= 1
+                if not _wrapped[cls, attribute]:
+                    del _wrapped[cls, attribute]
+                    if cls.__dict__.get(attribute) is _WRAPPERS[attribute]:
+                        delattr(cls, attribute)
+            self._wrapped = ()
+            self.timed, self.compiled = {}, {}
         for handle in self._handles:
             handle.remove()
         self._handles = []
