@@ -138,6 +138,19 @@ def _run_backward(t_outputs, *args, **kwargs):
             _watch_functions()
     if record is None:
         return run(t_outputs, *args, **kwargs)
+    if record.slotless:
+        # No slot and no custom Function (a plain model's backward, each of
+        # a gradient accumulation's): no hook was placed and nothing will
+        # reach it, so there is nothing to read back, list or release; the
+        # blocks count it and close its forward.
+        try:
+            return run(t_outputs, *args, **kwargs)
+        finally:
+            for session in sessions:
+                try:
+                    session.add(record)
+                except Exception as error:  # never into the training step
+                    session.failed(error)
     # Listed for the apply wrapper and the buffer reads' observer, which ask
     # only a backward with a custom Function.
     listed = record.custom_functions

@@ -333,6 +333,9 @@ class Backward:
         self.functions = {}  # id(ctx) -> [(slot, producer index)]
         self.slot_of = None  # (id(consumer), nr) -> slot, made where nothing_arrived is asked
         self._watch(grad_tensors)
+        # No slot and no custom Function: no hook placed, nothing to see
+        # (engine.py neither finishes nor releases it).
+        self.slotless = self._slots == [] and not self.custom_functions
 
     @property
     def slots(self):
@@ -374,7 +377,7 @@ class Backward:
     def _watch(self, grad_tensors):
         posts, pres = {}, {}
         native = self.native is not None  # its hooks are placed, the root gradients arrived
-        if native and self._slots is None:  # no custom Function producer: nothing left to place
+        if native and not self._slots:  # no custom Function producer: nothing left to place
             return
         for slot in self.slots:
             if native:

@@ -256,7 +256,10 @@ class ModelView:
         asked). Asked as each block enters: a look into each class's own
         dictionary."""
         for klass in self._below_module:
-            if _own_call(klass):
+            own = klass.__dict__
+            impl, call = own.get("_call_impl"), own.get("__call__")
+            if (impl is not None and impl is not _timed_call_impl) or (
+                    call is not None and call is not _timed_compiled_call):
                 return frozenset(cls for cls in self.classes if _wrappable(cls))
         return self.classes
 
