@@ -1041,8 +1041,9 @@ class Watch {
 };
 
 // advise()'s view of a model (torch_ctxext/_advise/modules.py, ModelView):
-// per module its class, its compiled function (Module.compile()'s, or none),
-// and the keys and values of its _modules and _parameters in order, by
+// per module its class, what it calls instead of its class's _call_impl
+// (Module.compile()'s compiled function, its own _call_impl, or none), and
+// the keys and values of its _modules and _parameters in order, by
 // address, as one bytes object: equal while the
 // model's structure is what the view read. Asked as every advise() block
 // enters (a training loop's every step); Python's tuples of the same took
@@ -1051,7 +1052,8 @@ class Watch {
 py::bytes module_structure(const py::sequence& modules) {
   static PyObject* const names[2] = {PyUnicode_InternFromString("_modules"),
                                      PyUnicode_InternFromString("_parameters")};  // never freed
-  static PyObject* const compiled = PyUnicode_InternFromString("_compiled_call_impl");  // never freed
+  static PyObject* const bypasses[2] = {PyUnicode_InternFromString("_compiled_call_impl"),
+                                        PyUnicode_InternFromString("_call_impl")};  // never freed
   std::string out;
   auto put = [&out](const void* value) {
     const auto bits = reinterpret_cast<uintptr_t>(value);
@@ -1065,11 +1067,13 @@ py::bytes module_structure(const py::sequence& modules) {
       throw py::error_already_set();
     }
     const auto own_ref = py::reinterpret_steal<py::object>(own);
-    PyObject* function = PyDict_GetItemWithError(own, compiled);  // borrowed
-    if (function == nullptr && PyErr_Occurred()) {
-      throw py::error_already_set();
+    for (PyObject* name : bypasses) {
+      PyObject* function = PyDict_GetItemWithError(own, name);  // borrowed
+      if (function == nullptr && PyErr_Occurred()) {
+        throw py::error_already_set();
+      }
+      put(function == Py_None ? nullptr : function);
     }
-    put(function == Py_None ? nullptr : function);
     for (PyObject* name : names) {
       PyObject* held = PyDict_GetItemWithError(own, name);  // borrowed
       if (held == nullptr && PyErr_Occurred()) {

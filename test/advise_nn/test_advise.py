@@ -506,6 +506,22 @@ def test_a_module_compiled_in_place_is_named_once_per_call():
     assert sorted(p.module for p in report["1.weight"].producers) == ["1#1", "1#2"]
 
 
+def test_a_module_given_a_call_impl_of_its_own_is_named_once_per_call():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    calls = []
+
+    def own(*args, **kwargs):  # as a library patches one module
+        calls.append("own")
+        return torch.nn.Module._call_impl(model[0], *args, **kwargs)
+
+    model[0]._call_impl = own
+    with torch_ctxext.advise(model) as report:
+        sum(model(torch.randn(2, 3)).sum() for _ in range(2)).backward()
+    assert calls == ["own"] * 2
+    assert sorted(p.module for p in report["0.weight"].producers) == ["0#1", "0#2"]
+    assert sorted(p.module for p in report["1.weight"].producers) == ["1#1", "1#2"]
+
+
 def test_bad_input_gets_a_clear_error():
     with pytest.raises(TypeError, match="model must be the torch.nn.Module"):
         torch_ctxext.advise(torch.randn(3))

@@ -77,9 +77,10 @@ def _counter():
 # updates the type's slot in each subclass, looking the name up through
 # their MROs (3 to 5 times longer: 39 -> 8 us and 8 -> 2 us to wrap and
 # unwrap the 4 backwards model's three classes after a step). A module
-# compiled in place (Module.compile()) calls its compiled function instead
-# of _call_impl: its class also gets a wrapper of ``__call__``, which times
-# those modules alone. A class that has a __call__ or _call_impl of its own
+# that bypasses its class's _call_impl (compiled in place by Module.compile(),
+# which calls the compiled function instead, or given a _call_impl of its
+# own) is timed by a wrapper of its class's ``__call__``, which times those
+# modules alone. A class that has a __call__ or _call_impl of its own
 # between it and nn.Module (torch.compile's OptimizedModule) is left alone:
 # its modules get a pair of forward hooks of their own.
 _active = ()  # the ModuleCalls of the active blocks; replaced, never mutated
@@ -121,24 +122,32 @@ def _timed_call_impl(self, *args, **kwargs):
     return result
 
 
-def _timed_compiled_call(self, *args, **kwargs):
-    """``__call__`` of a wrapped class that has modules compiled in place
-    (``Module.compile()``: their calls reach the compiled function, not
-    _call_impl), while a block is active: the calls of those modules are
-    filed as _timed_call_impl files the others' (which it passes through)."""
+def _timed_bypassing_call(self, *args, **kwargs):
+    """``__call__`` of a wrapped class that has modules bypassing its
+    _call_impl (``Module.compile()``'s, whose calls reach the compiled
+    function, or an instance's own _call_impl), while a block is active:
+    the calls of those modules are filed as _timed_call_impl files the
+    others' (which it passes through)."""
     key = id(self)
-    if _is_compiling() or not any(key in calls.compiled for calls in _active):
+    if _is_compiling() or not any(key in calls.bypassing for calls in _active):
         return _Module.__call__(self, *args, **kwargs)
     start = _counter()
     result = _Module.__call__(self, *args, **kwargs)
     call = (start, _counter(), self)
     for calls in _active:
-        if key in calls.compiled:
+        if key in calls.bypassing:
             calls._new.append(call)
     return result
 
 
-_WRAPPERS = {"_call_impl": _timed_call_impl, "__call__": _timed_compiled_call}
+_WRAPPERS = {"_call_impl": _timed_call_impl, "__call__": _timed_bypassing_call}
+
+
+def _bypasses(module):
+    """Whether Module.__call__ on ``module`` does not reach its class's
+    _call_impl: it was compiled in place, or has a _call_impl of its own."""
+    own = module.__dict__
+    return own.get("_compiled_call_impl") is not None or "_call_impl" in own
 
 
 def _own_call(klass):
@@ -196,7 +205,7 @@ class ModelView:
     the view stale."""
 
     __slots__ = ("names", "paths", "classes", "module_keys", "last", "calls_signature", "_refs", "_below_module",
-                 "_embeddings", "_compiled", "_timed", "_structure", "_fingerprint")
+                 "_embeddings", "_bypassing", "_timed", "_structure", "_fingerprint")
 
     def __init__(self, model):
         modules = named_modules(model)
@@ -208,9 +217,9 @@ class ModelView:
                 self.paths[id(module)] = path
                 self._refs.append(weakref.ref(module))
         self._embeddings = [ref for ref in self._refs if isinstance(ref(), torch.nn.Embedding)]
-        # The modules compiled in place (their structure holds the compiled function).
-        self._compiled = frozenset(id(ref()) for ref in self._refs
-                                   if ref().__dict__.get("_compiled_call_impl") is not None)
+        # The modules that bypass their class's _call_impl (their structure
+        # holds what they call instead).
+        self._bypassing = frozenset(id(ref()) for ref in self._refs if _bypasses(ref()))
         self.classes = frozenset(type(module) for _, module in modules)
         # Every class between those and torch.nn.Module (their MROs'), which
         # decides whether a class's modules reach Module.__call__ and
@@ -259,25 +268,25 @@ class ModelView:
             own = klass.__dict__
             impl, call = own.get("_call_impl"), own.get("__call__")
             if (impl is not None and impl is not _timed_call_impl) or (
-                    call is not None and call is not _timed_compiled_call):
+                    call is not None and call is not _timed_bypassing_call):
                 return frozenset(cls for cls in self.classes if _wrappable(cls))
         return self.classes
 
     def timed(self, classes):
         """Of the modules whose class is in ``classes``: {id(module): path} of
-        those _timed_call_impl times, the same of those compiled in place
-        (_timed_compiled_call times them), and the classes of the latter."""
+        those _timed_call_impl times, the same of those that bypass it
+        (_timed_bypassing_call times them), and the classes of the latter."""
         known, timed = self._timed
         if known is not classes and known != classes:
-            by_impl, compiled, compiled_classes = {}, {}, set()
+            by_impl, bypassing, bypassing_classes = {}, {}, set()
             for i, module in self.modules().items():
                 if type(module) in classes:
-                    if i in self._compiled:
-                        compiled[i] = self.paths[i]
-                        compiled_classes.add(type(module))
+                    if i in self._bypassing:
+                        bypassing[i] = self.paths[i]
+                        bypassing_classes.add(type(module))
                     else:
                         by_impl[i] = self.paths[i]
-            timed = by_impl, compiled, tuple(compiled_classes)
+            timed = by_impl, bypassing, tuple(bypassing_classes)
             self._timed = (classes, timed)
         return timed
 
@@ -291,7 +300,7 @@ def _python_structure(modules):
     out = []
     for module in modules:
         own = module.__dict__
-        out += (type(module), id(own.get("_compiled_call_impl")))
+        out += (type(module), id(own.get("_compiled_call_impl")), id(own.get("_call_impl")))
         for name in ("_modules", "_parameters"):
             held = own.get(name)
             if type(held) is not dict:
@@ -388,20 +397,20 @@ class ModuleCalls:
         self.before_forward = None  # the highest end of the kept calls before them
         self._lock = threading.Lock()
         self.timed = {}  # id(module) -> path, of the modules _timed_call_impl times (hooks time the others)
-        self.compiled = {}  # the same, of those compiled in place, which _timed_compiled_call times
+        self.bypassing = {}  # the same, of those that bypass it, which _timed_bypassing_call times
         self._wrapped = ()  # the (class, attribute) this block wrapped (or joined)
         self._handles = []  # the hooks of modules whose class it could not wrap
         self._open = threading.local()  # their calls under way, per thread
 
     def install(self):
         """Time this model's calls: wrap the _call_impl of its modules'
-        classes, and the __call__ of those with modules compiled in place
+        classes, and the __call__ of those with modules that bypass it
         (joining the blocks that wrap them already); hooks on the modules
         whose class cannot be."""
         global _active
         wrappable = self._view.wrappable()
-        timed, compiled, compiled_classes = self._view.timed(wrappable)
-        wrapped = (*[(cls, "_call_impl") for cls in wrappable], *[(cls, "__call__") for cls in compiled_classes])
+        timed, bypassing, bypassing_classes = self._view.timed(wrappable)
+        wrapped = (*[(cls, "_call_impl") for cls in wrappable], *[(cls, "__call__") for cls in bypassing_classes])
         with _patch_lock:
             for cls, attribute in wrapped:
                 wrapper = _WRAPPERS[attribute]
@@ -409,12 +418,12 @@ class ModuleCalls:
                     setattr(cls, attribute, wrapper)
                 _wrapped[cls, attribute] = _wrapped.get((cls, attribute), 0) + 1
             self._wrapped = wrapped
-            self.timed, self.compiled = timed, compiled
+            self.timed, self.bypassing = timed, bypassing
             _active = _active + (self,)
-        if len(timed) + len(compiled) < len(self.paths):
+        if len(timed) + len(bypassing) < len(self.paths):
             for i, module in self._view.modules().items():
                 # (its own __call__ may reach a wrapped one: not timed twice)
-                if i not in timed and i not in compiled:
+                if i not in timed and i not in bypassing:
                     self._handles.append(module.register_forward_pre_hook(self._pre))
                     self._handles.append(module.register_forward_hook(self._post))
 
@@ -431,7 +440,7 @@ class ModuleCalls:
                     if cls.__dict__.get(attribute) is _WRAPPERS[attribute]:
                         delattr(cls, attribute)
             self._wrapped = ()
-            self.timed, self.compiled = {}, {}
+            self.timed, self.bypassing = {}, {}
         for handle in self._handles:
             handle.remove()
         self._handles = []
