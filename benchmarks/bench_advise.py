@@ -555,17 +555,17 @@ def measure_advise_cost(registry, model, sizes, rounds=9, target_s=0.15):
 
     runs = {"stock": stock, "advised": advised, "python": python, "fused": fused}
     seen = []
-    original = graph.Backward.finish
+    original = graph.Backward.__init__
 
-    def finish(self):
+    def init(self, *args, **kwargs):  # (a backward without a slot is never finished: asked as it is made)
+        original(self, *args, **kwargs)
         seen.append(self.native is not None)
-        return original(self)
 
-    graph.Backward.finish = finish
+    graph.Backward.__init__ = init
     try:
         advised()
     finally:
-        graph.Backward.finish = original
+        graph.Backward.__init__ = original
     watch = "C++" if seen and all(seen) else "Python"
     for run in runs.values():  # warm-up
         run()
