@@ -1067,18 +1067,19 @@ py::bytes module_structure(const py::sequence& modules) {
       throw py::error_already_set();
     }
     const auto own_ref = py::reinterpret_steal<py::object>(own);
-    for (PyObject* name : bypasses) {
-      PyObject* function = PyDict_GetItemWithError(own, name);  // borrowed
-      if (function == nullptr && PyErr_Occurred()) {
+    auto own_item = [own](PyObject* name) {  // borrowed, or nullptr where absent
+      PyObject* found = PyDict_GetItemWithError(own, name);
+      if (found == nullptr && PyErr_Occurred()) {
         throw py::error_already_set();
       }
+      return found;
+    };
+    for (PyObject* name : bypasses) {
+      PyObject* function = own_item(name);
       put(function == Py_None ? nullptr : function);
     }
     for (PyObject* name : names) {
-      PyObject* held = PyDict_GetItemWithError(own, name);  // borrowed
-      if (held == nullptr && PyErr_Occurred()) {
-        throw py::error_already_set();
-      }
+      PyObject* held = own_item(name);
       if (held == nullptr || !PyDict_Check(held)) {
         put(held);  // none, or not a dict: by identity
         continue;

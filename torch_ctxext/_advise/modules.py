@@ -153,11 +153,9 @@ def _bypasses(module):
 def _own_call(klass):
     """Whether ``klass`` has a __call__ or _call_impl of its own (not a wrapper)."""
     own = klass.__dict__
-    for name, wrapper in _WRAPPERS.items():
-        found = own.get(name)
-        if found is not None and found is not wrapper:
-            return True
-    return False
+    impl, call = own.get("_call_impl"), own.get("__call__")
+    return ((impl is not None and impl is not _timed_call_impl)
+            or (call is not None and call is not _timed_bypassing_call))
 
 
 def _wrappable(cls):
@@ -219,7 +217,7 @@ class ModelView:
         self._embeddings = [ref for ref in self._refs if isinstance(ref(), torch.nn.Embedding)]
         # The modules that bypass their class's _call_impl (their structure
         # holds what they call instead).
-        self._bypassing = frozenset(id(ref()) for ref in self._refs if _bypasses(ref()))
+        self._bypassing = frozenset(id(module) for _, module in modules if _bypasses(module))
         self.classes = frozenset(type(module) for _, module in modules)
         # Every class between those and torch.nn.Module (their MROs'), which
         # decides whether a class's modules reach Module.__call__ and
@@ -264,12 +262,8 @@ class ModelView:
         one of them and nn.Module has either of its own (then each is
         asked). Asked as each block enters: a look into each class's own
         dictionary."""
-        for klass in self._below_module:
-            own = klass.__dict__
-            impl, call = own.get("_call_impl"), own.get("__call__")
-            if (impl is not None and impl is not _timed_call_impl) or (
-                    call is not None and call is not _timed_bypassing_call):
-                return frozenset(cls for cls in self.classes if _wrappable(cls))
+        if any(map(_own_call, self._below_module)):
+            return frozenset(cls for cls in self.classes if _wrappable(cls))
         return self.classes
 
     def timed(self, classes):
