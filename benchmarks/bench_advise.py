@@ -512,6 +512,43 @@ def _cost_workload(registry, model, sizes):
     return workload.model, lambda: workload.loss().backward()
 
 
+def _interleaved(runs, rounds, target_s):
+    """Each of ``runs`` (name -> a step; "stock" among them) warmed up, then
+    ``rounds`` rounds of ``inner`` steps of each (about ``target_s`` of the
+    stock one), the order rotating each round: (inner, {name: {"cpu": [...],
+    "wall": [...]}}), seconds a step per round."""
+    for run in runs.values():  # warm-up
+        run()
+        run()
+    start = time.perf_counter()
+    runs["stock"]()
+    inner = max(1, min(50, round(target_s / max(time.perf_counter() - start, 1e-6))))
+    times = {v: {"cpu": [], "wall": []} for v in runs}
+    order = list(runs)
+    for _ in range(rounds):
+        for v in order:
+            run = runs[v]
+            c, w = time.process_time(), time.perf_counter()
+            for _ in range(inner):
+                run()
+            times[v]["cpu"].append((time.process_time() - c) / inner)
+            times[v]["wall"].append((time.perf_counter() - w) / inner)
+        order = order[1:] + order[:1]
+    return inner, times
+
+
+def _plan_here():
+    """COST_PLAN's entries this interpreter can run (the transformers models
+    where ``transformers`` is installed), with one intra-op thread."""
+    import importlib.util
+
+    import torch
+
+    torch.set_num_threads(1)
+    has_transformers = importlib.util.find_spec("transformers") is not None
+    return [entry for entry in COST_PLAN if entry[0] != "transformers_models" or has_transformers]
+
+
 def measure_advise_cost(registry, model, sizes, rounds=9, target_s=0.15):
     """advise()'s cost on one model (see the comment above): per variant the
     median seconds of a step (CPU, wall), and the medians over rounds of
@@ -567,23 +604,7 @@ def measure_advise_cost(registry, model, sizes, rounds=9, target_s=0.15):
     finally:
         graph.Backward.__init__ = original
     watch = "C++" if seen and all(seen) else "Python"
-    for run in runs.values():  # warm-up
-        run()
-        run()
-    start = time.perf_counter()
-    stock()
-    inner = max(1, min(50, round(target_s / max(time.perf_counter() - start, 1e-6))))
-    times = {v: {"cpu": [], "wall": []} for v in COST_VARIANTS}
-    order = list(COST_VARIANTS)
-    for _ in range(rounds):
-        for v in order:
-            run = runs[v]
-            c, w = time.process_time(), time.perf_counter()
-            for _ in range(inner):
-                run()
-            times[v]["cpu"].append((time.process_time() - c) / inner)
-            times[v]["wall"].append((time.perf_counter() - w) / inner)
-        order = order[1:] + order[:1]
+    inner, times = _interleaved(runs, rounds, target_s)
     out = {"torch": torch.__version__, "watch": watch, "inner": inner, "rounds": rounds, "swapped": swapped,
            "ms": {v: {k: statistics.median(t) * 1e3 for k, t in times[v].items()} for v in COST_VARIANTS}}
     for v in ("advised", "python", "fused"):
@@ -595,16 +616,10 @@ def measure_advise_cost(registry, model, sizes, rounds=9, target_s=0.15):
 
 def collect_cost(quick=False):
     """Every model of COST_PLAN at both sizes, in this interpreter."""
-    import importlib.util
-
     import torch
 
-    torch.set_num_threads(1)
     rows = []
-    has_transformers = importlib.util.find_spec("transformers") is not None
-    for registry, model, sizes, small in COST_PLAN:
-        if registry == "transformers_models" and not has_transformers:
-            continue
+    for registry, model, sizes, small in _plan_here():
         for size, chosen in (("benchmark", sizes), ("1-5 ms", small)):
             if chosen is None:
                 chosen = transformers_sizes.SIZES[model]
@@ -616,6 +631,175 @@ def collect_cost(quick=False):
                       f"fused {got['fused/stock cpu']:.3f} ({got['swapped']} swapped)")
     return {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_average": bench.load_average(), "rows": rows}
+
+
+# --------------------------------------------------------------------------
+# What any watch of a step must pay at least: advise()'s cost, taken apart.
+# --------------------------------------------------------------------------
+
+FLOOR_DOC = """\
+    python benchmarks/bench_advise.py --floor [--quick] [--json FILE]
+
+For each model at its 1-5 ms size, in the interpreter that runs it, the
+part of advise()'s cost that no implementation of what its report says can
+avoid, against the whole: the step unwatched; the C++ watch alone (each
+backward's walk and its hooks on every producer of a slot, made before the
+engine runs and closed after it: no Python of advise's); the same and a
+frame per module call (a pass-through wrapper of ``_call_impl`` placed on
+the model's classes for the step and taken off after, as a block does: the
+one way to number a module call's nodes that torch.compile traces); the
+step inside ``advise(model)`` with the C++ watch; a walk of the graph in
+Python (each node's ``next_functions``, as Python's watch must walk it
+where there is no C++ one); the same walk and a Python hook that does
+nothing on each producer of a slot (what Python's watch must see: each
+gradient a producer returns); the step inside ``advise(model)`` with
+Python's watch. Interleaved as ``--cost`` is (the order rotates each
+round), process CPU time over the unwatched step's, the median over 9
+rounds (7 with ``--quick``)."""
+
+FLOOR_VARIANTS = ("stock", "C++ watch alone", "+ a frame per module call", "advise, C++ watch",
+                  "Python walk", "Python walk and no-op hooks", "advise, Python's watch")
+
+
+def measure_floor(registry, model, sizes, rounds=9, target_s=0.15):
+    """FLOOR_DOC's variants on one model: {variant: ratio to the unwatched
+    step (CPU, median over rounds)} and the step's ms."""
+    import torch
+
+    import torch_ctxext
+    from torch_ctxext._advise import graph
+
+    net, step = _cost_workload(registry, model, sizes)
+    classes = {type(m) for m in net.modules()}
+    call_impl = torch.nn.Module._call_impl
+
+    def frame(self, *args, **kwargs):  # the least a wrapper of _call_impl runs
+        return call_impl(self, *args, **kwargs)
+
+    def noop(*args):
+        return None
+
+    def python_walk(roots, hooks):
+        seen, stack, fed = set(), [r.grad_fn for r in roots if r.grad_fn is not None], {}
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            for following, nr in node.next_functions:
+                if following is not None:
+                    fed.setdefault((following, nr), []).append(node)
+                    stack.append(following)
+        if not hooks:
+            return []
+        return [p.register_hook(noop) for producers in fed.values() if len(producers) > 1 for p in producers]
+
+    engine = {"graph": torch.autograd.graph._engine_run_backward,
+              "here": torch.autograd.__dict__.get("_engine_run_backward")}
+    mode = [None]
+
+    def run_backward(t_outputs, *args, **kwargs):
+        run = engine["graph"]
+        if mode[0] == "cpp":
+            watch, _ = graph._native_watch(t_outputs, (), args[0] if args else kwargs.get("grad_tensors"))
+            watch.walked()
+            try:
+                return run(t_outputs, *args, **kwargs)
+            finally:
+                watch.close()
+        if mode[0] in ("walk", "hooks"):
+            handles = python_walk(t_outputs, mode[0] == "hooks")
+            try:
+                return run(t_outputs, *args, **kwargs)
+            finally:
+                for handle in handles:
+                    handle.remove()
+        return run(t_outputs, *args, **kwargs)
+
+    def unwatched(watch=None, frames=False):
+        def run():
+            net.zero_grad(set_to_none=True)
+            mode[0] = watch
+            torch.autograd.graph._engine_run_backward = torch.autograd._engine_run_backward = run_backward
+            if frames:
+                for cls in classes:
+                    cls._call_impl = frame
+            try:
+                step()
+            finally:
+                if frames:
+                    for cls in classes:
+                        del cls._call_impl
+                torch.autograd.graph._engine_run_backward = engine["graph"]
+                torch.autograd._engine_run_backward = engine["here"]
+        return run
+
+    def advised(python=False):
+        native = graph._native_watch
+
+        def run():
+            net.zero_grad(set_to_none=True)
+            if python:
+                graph._native_watch = lambda *args: (None, False)
+            try:
+                with torch_ctxext.advise(net):
+                    step()
+            finally:
+                graph._native_watch = native
+        return run
+
+    runs = dict(zip(FLOOR_VARIANTS, (unwatched(), unwatched("cpp"), unwatched("cpp", frames=True), advised(),
+                                     unwatched("walk"), unwatched("hooks"), advised(python=True))))
+    if graph._native_watch((), (), None)[0] is None:  # no C++ watch here: its rows are not measured
+        for name in FLOOR_VARIANTS[1:4]:
+            del runs[name]
+    _, times = _interleaved(runs, rounds, target_s)
+    return {"ms": statistics.median(times["stock"]["cpu"]) * 1e3,
+            "ratios": {v: statistics.median([a / b for a, b in zip(times[v]["cpu"], times["stock"]["cpu"])])
+                       for v in runs if v != "stock"}}
+
+
+def collect_floor(quick=False):
+    """Every model of COST_PLAN at its 1-5 ms size, in this interpreter."""
+    import torch
+
+    rows = []
+    for registry, model, _, small in _plan_here():
+        got = measure_floor(registry, model, small, rounds=7 if quick else 9, target_s=0.05 if quick else 0.15)
+        rows.append({"registry": registry, "model": model, "sizes": small, **got})
+        bench.log(f"advise floor {model}: {got['ms']:.1f} ms, "
+                  + ", ".join(f"{v} {r:.3f}" for v, r in got["ratios"].items()))
+    return {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_average": bench.load_average(), "rows": rows}
+
+
+def floor_table(run):
+    """Markdown: per model, the step and each FLOOR_VARIANTS ratio."""
+    out = ["| model | step ms (CPU) |" + "".join(f" {v} |" for v in FLOOR_VARIANTS[1:]),
+           "|---|---|" + "---|" * (len(FLOOR_VARIANTS) - 1)]
+    for row in run["rows"]:
+        name = row["model"] if row["registry"] != "transformers_models" else f"{row['model']} (transformers)"
+        out.append(f"| {name} | {row['ms']:.2f} |" + "".join(
+            f" {row['ratios'][v]:.3f} |" if v in row["ratios"] else " — |" for v in FLOOR_VARIANTS[1:]))
+    return "\n".join(out)
+
+
+def floor_section(run):
+    """The benchmarks page's part on what any watch must pay (Markdown);
+    ``run``: collect_floor's result (docs/benchmarks.json's ``advise_floor``)."""
+    return "\n".join([
+        "### What any watch of the step must pay",
+        "",
+        f"Measured by `benchmarks/bench_advise.py --floor` ({run.get('label', run['torch'])}, {run['date']}, "
+        f"load average {run['load_average'][0]:.1f}). Each over the unwatched step, process CPU time, median "
+        "over rounds, at the 1-5 ms sizes:",
+        "",
+        floor_table(run),
+        "",
+        *([run["note"], ""] if run.get("note") else []),
+        FLOOR_DOC.split("\n\n", 1)[1],
+        "",
+    ])
 
 
 def cost_table(runs):
@@ -684,10 +868,11 @@ if __name__ == "__main__":
     if "--cost-table" in sys.argv:
         files = sys.argv[sys.argv.index("--cost-table") + 1:]
         print(cost_table([json.load(open(f)) for f in files]))
-    elif "--cost" in sys.argv:
+    elif "--floor" in sys.argv or "--cost" in sys.argv:
         sys.path.insert(0, os.path.join(bench.ROOT, "examples"))
-        results = collect_cost(quick="--quick" in sys.argv)
+        floor = "--floor" in sys.argv
+        results = (collect_floor if floor else collect_cost)(quick="--quick" in sys.argv)
         if "--json" in sys.argv:
             with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:
                 json.dump(results, f, indent=1)
-        print(cost_table([results]))
+        print(floor_table(results) if floor else cost_table([results]))

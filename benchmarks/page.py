@@ -475,6 +475,8 @@ def render_page(results, command):
         lines += [bench_advise_models.section(results["advise_models"], f"{IMG}/{FIGURES['advise_models']}")]
     if "advise_cost" in results:
         lines += [bench_advise.cost_section(results["advise_cost"])]
+    if "advise_floor" in results:
+        lines += [bench_advise.floor_section(results["advise_floor"])]
     if "install" in results:
         r = results["install"]
         lines += [

@@ -151,6 +151,32 @@ def test_an_op_after_a_submodule_returned_belongs_to_the_module_that_ran_it():
     assert [s.name for s in report.slots if s.kind == "activation"] == ["MulBackward0 in Outer"]
 
 
+class TurnsGradientsOff(torch.nn.Module):
+    def forward(self, x):
+        y = torch.tanh(x)  # made with gradients on
+        torch.set_grad_enabled(False)  # and left off as it returns
+        return y
+
+
+class GradientsBackOn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = TurnsGradientsOff()
+
+    def forward(self, x):
+        y = self.inner(x)
+        torch.set_grad_enabled(True)
+        return y
+
+
+def test_a_call_that_turns_gradients_off_before_it_returns_still_names_what_it_made():
+    model = GradientsBackOn()
+    with torch_ctxext.advise(model) as report:
+        h = model(torch.randn(2, 4, requires_grad=True))
+        (h * h.exp()).sum().backward()
+    assert [s.name for s in report.slots if s.kind == "activation"] == ["TanhBackward0 in inner"]
+
+
 def test_backward_with_inputs_counts_only_the_producers_that_run():
     w = torch.randn(3, requires_grad=True)
     v = torch.randn(3, requires_grad=True)

@@ -85,12 +85,17 @@ def _counter():
 # its modules get a pair of forward hooks of their own.
 _active = ()  # the ModuleCalls of the active blocks; replaced, never mutated
 _patch_lock = threading.Lock()
-_wrapped = {}  # (class, attribute) -> how many active blocks time it (under _patch_lock)
+_wrapped = {}  # (class, attribute, wrapper) -> how many active blocks time it (under _patch_lock)
 
 
 _Module = torch.nn.Module
 _call_impl = torch.nn.Module._call_impl
-_is_compiling = torch.compiler.is_compiling
+# Under torch.compile's tracer the wrappers pass straight through (the
+# tracer would break its graph at the counter's C function). Dynamo's own
+# test is one frame; torch.compiler.is_compiling() two (it asks TorchScript
+# first), at every module call. A non-strict export runs the forward
+# eagerly, where reading the counter is harmless.
+_is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 
 def _timed_call_impl(self, *args, **kwargs):
@@ -111,9 +116,15 @@ def _timed_call_impl(self, *args, **kwargs):
         return _call_impl(self, *args, **kwargs)
     if _is_compiling():
         return _call_impl(self, *args, **kwargs)
-    start = _read_counter() if _grad_enabled() else None
-    result = _call_impl(self, *args, **kwargs)
-    call = (start, _read_counter() if _grad_enabled() else None, self)
+    # Gradients on as the call starts (a forward's usual case): its end is
+    # read whatever the mode then (the counter does not move with them off).
+    if _grad_enabled():
+        start = _read_counter()
+        result = _call_impl(self, *args, **kwargs)
+        call = (start, _read_counter(), self)
+    else:
+        result = _call_impl(self, *args, **kwargs)
+        call = (None, _read_counter() if _grad_enabled() else None, self)
     calls._new.append(call)
     if len(active) > 1:  # nested blocks: each that times the module
         for other in active:
@@ -140,14 +151,16 @@ def _timed_bypassing_call(self, *args, **kwargs):
     return result
 
 
-_WRAPPERS = {"_call_impl": _timed_call_impl, "__call__": _timed_bypassing_call}
-
-
 def _bypasses(module):
     """Whether Module.__call__ on ``module`` does not reach its class's
     _call_impl: it was compiled in place, or has a _call_impl of its own."""
     own = module.__dict__
     return own.get("_compiled_call_impl") is not None or "_call_impl" in own
+
+
+_own_dict = operator.attrgetter("__dict__")
+_keys = operator.methodcaller("keys")
+_without_call_names = operator.methodcaller("isdisjoint", ("_call_impl", "__call__"))
 
 
 def _own_call(klass):
@@ -261,15 +274,19 @@ class ModelView:
         and _call_impl (``_wrappable``): all of them, unless a class between
         one of them and nn.Module has either of its own (then each is
         asked). Asked as each block enters: a look into each class's own
-        dictionary."""
-        if any(map(_own_call, self._below_module)):
-            return frozenset(cls for cls in self.classes if _wrappable(cls))
-        return self.classes
+        dictionary, at C speed where none has either name (the usual case:
+        another block's wrappers are not there, a class's own are)."""
+        below = self._below_module
+        if all(map(_without_call_names, map(_keys, map(_own_dict, below)))) or not any(map(_own_call, below)):
+            return self.classes
+        return frozenset(cls for cls in self.classes if _wrappable(cls))
 
     def timed(self, classes):
         """Of the modules whose class is in ``classes``: {id(module): path} of
         those _timed_call_impl times, the same of those that bypass it
-        (_timed_bypassing_call times them), and the classes of the latter."""
+        (_timed_bypassing_call times them), and what to wrap for them:
+        (class, attribute, wrapper) of each class's _call_impl, and of the
+        __call__ of the classes of the latter."""
         known, timed = self._timed
         if known is not classes and known != classes:
             by_impl, bypassing, bypassing_classes = {}, {}, set()
@@ -280,7 +297,9 @@ class ModelView:
                         bypassing_classes.add(type(module))
                     else:
                         by_impl[i] = self.paths[i]
-            timed = by_impl, bypassing, tuple(bypassing_classes)
+            wrapped = (*[(cls, "_call_impl", _timed_call_impl) for cls in classes],
+                       *[(cls, "__call__", _timed_bypassing_call) for cls in bypassing_classes])
+            timed = by_impl, bypassing, wrapped
             self._timed = (classes, timed)
         return timed
 
@@ -341,6 +360,10 @@ class ByModel(dict):
 
     def put(self, model, value):
         """Set ``model``'s value (and return it)."""
+        entry = self.get(id(model))
+        if entry is not None and entry[0]() is model:  # (a block per step: the same model again)
+            self[id(model)] = (entry[0], value)
+            return value
         for i in [i for i, (ref, _) in self.items() if ref() is None]:
             del self[i]
         self[id(model)] = (weakref.ref(model), value)
@@ -392,7 +415,7 @@ class ModuleCalls:
         self._lock = threading.Lock()
         self.timed = {}  # id(module) -> path, of the modules _timed_call_impl times (hooks time the others)
         self.bypassing = {}  # the same, of those that bypass it, which _timed_bypassing_call times
-        self._wrapped = ()  # the (class, attribute) this block wrapped (or joined)
+        self._wrapped = ()  # the (class, attribute, wrapper) this block wrapped (or joined)
         self._handles = []  # the hooks of modules whose class it could not wrap
         self._open = threading.local()  # their calls under way, per thread
 
@@ -402,15 +425,18 @@ class ModuleCalls:
         (joining the blocks that wrap them already); hooks on the modules
         whose class cannot be."""
         global _active
-        wrappable = self._view.wrappable()
-        timed, bypassing, bypassing_classes = self._view.timed(wrappable)
-        wrapped = (*[(cls, "_call_impl") for cls in wrappable], *[(cls, "__call__") for cls in bypassing_classes])
+        timed, bypassing, wrapped = self._view.timed(self._view.wrappable())
         with _patch_lock:
-            for cls, attribute in wrapped:
-                wrapper = _WRAPPERS[attribute]
-                if not _wrapped.get((cls, attribute)) and cls.__dict__.get(attribute) is not wrapper:
+            if _active:  # other blocks are active: a class one wraps is wrapped once
+                for key in wrapped:
+                    cls, attribute, wrapper = key
+                    if not _wrapped.get(key) and cls.__dict__.get(attribute) is not wrapper:
+                        setattr(cls, attribute, wrapper)
+                    _wrapped[key] = _wrapped.get(key, 0) + 1
+            else:  # (the usual case: one block, each step)
+                for cls, attribute, wrapper in wrapped:
                     setattr(cls, attribute, wrapper)
-                _wrapped[cls, attribute] = _wrapped.get((cls, attribute), 0) + 1
+                _wrapped.update(dict.fromkeys(wrapped, 1))
             self._wrapped = wrapped
             self.timed, self.bypassing = timed, bypassing
             _active = _active + (self,)
@@ -426,13 +452,21 @@ class ModuleCalls:
         another patch of the same attribute went on top (it then stays)."""
         global _active
         with _patch_lock:
-            _active = tuple(calls for calls in _active if calls is not self)
-            for cls, attribute in self._wrapped:
-                _wrapped[cls, attribute] -= 1
-                if not _wrapped[cls, attribute]:
-                    del _wrapped[cls, attribute]
-                    if cls.__dict__.get(attribute) is _WRAPPERS[attribute]:
+            if len(_active) == 1 and _active[0] is self:  # the only block: what is wrapped is its alone
+                _active = ()
+                _wrapped.clear()
+                for cls, attribute, wrapper in self._wrapped:
+                    if cls.__dict__.get(attribute) is wrapper:
                         delattr(cls, attribute)
+            else:
+                _active = tuple(calls for calls in _active if calls is not self)
+                for key in self._wrapped:
+                    _wrapped[key] -= 1
+                    if not _wrapped[key]:
+                        del _wrapped[key]
+                        cls, attribute, wrapper = key
+                        if cls.__dict__.get(attribute) is wrapper:
+                            delattr(cls, attribute)
             self._wrapped = ()
             self.timed, self.bypassing = {}, {}
         for handle in self._handles:
