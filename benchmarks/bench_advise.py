@@ -537,6 +537,25 @@ def _interleaved(runs, rounds, target_s):
     return inner, times
 
 
+def _advised(net, step, python=False):
+    """A training step of ``net`` inside ``advise(net)``: with the C++ watch
+    where there is one, with Python's where ``python``."""
+    import torch_ctxext
+    from torch_ctxext._advise import graph
+
+    def run():
+        native = graph._native_watch
+        if python:
+            graph._native_watch = lambda *args: (None, False)
+        try:
+            net.zero_grad(set_to_none=True)
+            with torch_ctxext.advise(net):
+                step()
+        finally:
+            graph._native_watch = native
+    return run
+
+
 def _plan_here():
     """COST_PLAN's entries this interpreter can run (the transformers models
     where ``transformers`` is installed), with one intra-op thread."""
@@ -562,7 +581,6 @@ def measure_advise_cost(registry, model, sizes, rounds=9, target_s=0.15):
     from torch_ctxext._advise import graph
 
     net, step = _cost_workload(registry, model, sizes)
-    native = graph._native_watch  # the C++ watch where there is one
     # The fused variant: the same model built again (same seed), fused where
     # a watched step says it pays, as a user calls fuse().
     fused_net, fused_step = _cost_workload(registry, model, sizes)
@@ -574,17 +592,7 @@ def measure_advise_cost(registry, model, sizes, rounds=9, target_s=0.15):
         net.zero_grad(set_to_none=True)
         step()
 
-    def advised():
-        net.zero_grad(set_to_none=True)
-        with torch_ctxext.advise(net):
-            step()
-
-    def python():
-        graph._native_watch = lambda *args: (None, False)
-        try:
-            advised()
-        finally:
-            graph._native_watch = native
+    advised, python = _advised(net, step), _advised(net, step, python=True)
 
     def fused():
         fused_net.zero_grad(set_to_none=True)
@@ -666,7 +674,6 @@ def measure_floor(registry, model, sizes, rounds=9, target_s=0.15):
     step (CPU, median over rounds)} and the step's ms."""
     import torch
 
-    import torch_ctxext
     from torch_ctxext._advise import graph
 
     net, step = _cost_workload(registry, model, sizes)
@@ -734,22 +741,9 @@ def measure_floor(registry, model, sizes, rounds=9, target_s=0.15):
                 torch.autograd._engine_run_backward = engine["here"]
         return run
 
-    def advised(python=False):
-        native = graph._native_watch
-
-        def run():
-            net.zero_grad(set_to_none=True)
-            if python:
-                graph._native_watch = lambda *args: (None, False)
-            try:
-                with torch_ctxext.advise(net):
-                    step()
-            finally:
-                graph._native_watch = native
-        return run
-
-    runs = dict(zip(FLOOR_VARIANTS, (unwatched(), unwatched("cpp"), unwatched("cpp", frames=True), advised(),
-                                     unwatched("walk"), unwatched("hooks"), advised(python=True))))
+    runs = dict(zip(FLOOR_VARIANTS, (unwatched(), unwatched("cpp"), unwatched("cpp", frames=True),
+                                     _advised(net, step), unwatched("walk"), unwatched("hooks"),
+                                     _advised(net, step, python=True))))
     if graph._native_watch((), (), None)[0] is None:  # no C++ watch here: its rows are not measured
         for name in FLOOR_VARIANTS[1:4]:
             del runs[name]

@@ -127,11 +127,9 @@ def _run_backward(t_outputs, *args, **kwargs):
             grad_tensors = args[0] if args else kwargs.get("grad_tensors")
             create_graph = args[2] if len(args) > 2 else kwargs.get("create_graph", False)
             inputs = args[3] if len(args) > 3 else kwargs.get("inputs", ())
-            # (one block, the usual case, without a generator's frame)
-            shaped = (sessions[0].model is not None if len(sessions) == 1
-                      else any(session.model is not None for session in sessions))
             with _no_collection():
-                record = Backward(t_outputs, grad_tensors, inputs, create_graph, shaped=shaped)
+                record = Backward(t_outputs, grad_tensors, inputs, create_graph,
+                                  shaped=any(session.model is not None for session in sessions))
         except Exception as error:  # never into the training step
             for session in sessions:
                 session.failed(error)

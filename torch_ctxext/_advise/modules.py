@@ -427,16 +427,13 @@ class ModuleCalls:
         global _active
         timed, bypassing, wrapped = self._view.timed(self._view.wrappable())
         with _patch_lock:
-            if _active:  # other blocks are active: a class one wraps is wrapped once
-                for key in wrapped:
+            for key in wrapped:  # (class, attribute, wrapper): wrapped once, however many blocks time it
+                count = _wrapped.get(key, 0)
+                if not count:
                     cls, attribute, wrapper = key
-                    if not _wrapped.get(key) and cls.__dict__.get(attribute) is not wrapper:
+                    if cls.__dict__.get(attribute) is not wrapper:
                         setattr(cls, attribute, wrapper)
-                    _wrapped[key] = _wrapped.get(key, 0) + 1
-            else:  # (the usual case: one block, each step)
-                for cls, attribute, wrapper in wrapped:
-                    setattr(cls, attribute, wrapper)
-                _wrapped.update(dict.fromkeys(wrapped, 1))
+                _wrapped[key] = count + 1
             self._wrapped = wrapped
             self.timed, self.bypassing = timed, bypassing
             _active = _active + (self,)
@@ -452,21 +449,15 @@ class ModuleCalls:
         another patch of the same attribute went on top (it then stays)."""
         global _active
         with _patch_lock:
-            if len(_active) == 1 and _active[0] is self:  # the only block: what is wrapped is its alone
-                _active = ()
-                _wrapped.clear()
-                for cls, attribute, wrapper in self._wrapped:
-                    if cls.__dict__.get(attribute) is wrapper:
-                        delattr(cls, attribute)
-            else:
-                _active = tuple(calls for calls in _active if calls is not self)
-                for key in self._wrapped:
-                    _wrapped[key] -= 1
-                    if not _wrapped[key]:
-                        del _wrapped[key]
-                        cls, attribute, wrapper = key
-                        if cls.__dict__.get(attribute) is wrapper:
-                            delattr(cls, attribute)
+            _active = tuple(calls for calls in _active if calls is not self)
+            for key in self._wrapped:
+                count = _wrapped.pop(key) - 1
+                if count:
+                    _wrapped[key] = count
+                    continue
+                cls, attribute, wrapper = key
+                if cls.__dict__.get(attribute) is wrapper:
+                    delattr(cls, attribute)
             self._wrapped = ()
             self.timed, self.bypassing = {}, {}
         for handle in self._handles:
